@@ -1,0 +1,263 @@
+"""The recipe schema: the single source of truth for every option.
+
+Every field has a type, a default, bounds where numeric and a one-line description
+(`rltune schema`, docs/recipe.md and editors read them from here). Models are frozen and
+forbid unknown keys; the validated `Recipe` is what the rest of the program receives.
+No torch import here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+AlgoName = Literal["ppo", "grpo", "rloo", "reinforce_pp"]
+AggMode = Literal[
+    "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
+# algorithms that train a critic (value model)
+CRITIC_ALGOS = ("ppo",)
+# algorithms whose advantage is computed within groups of samples of one prompt
+GROUP_ALGOS = ("grpo", "rloo")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+def F(default, description: str, **kw):
+    """A field with its one-line description (kept short: it is shown by `rltune schema`)."""
+    return Field(default, description=description, **kw)
+
+
+class ModelCfg(Section):
+    policy: str = F(..., description="Policy (actor) model: a local HF directory, a hub id, or builtin:tiny-llama | builtin:tiny-qwen2 | builtin:smollm2-135m-instruct.")
+    critic: Optional[str] = F(None, "Critic backbone (PPO); defaults to the policy's weights with a fresh value head.")
+    reference: Optional[str] = F(None, "Frozen reference model for the KL term; defaults to the policy.")
+    tokenizer: Optional[str] = F(None, "Tokenizer; defaults to the policy's.")
+    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = F(
+        "auto", "Attention kernel: auto = flash_attention_2 when installed on CUDA, else sdpa.")
+    trust_remote_code: bool = F(False, "Allow model repos to run their own Python code (off: only code you name runs).")
+
+
+class DataCfg(Section):
+    train: str = F(..., description="Training prompts: a .jsonl/.json/.parquet/.csv file, or builtin:arithmetic.")
+    eval: Optional[str] = F(None, "Held-out prompts for eval reward (same formats); builtin tasks use a disjoint split.")
+    prompt_key: str = F("prompt", "Column holding the prompt text (or a list of chat messages).")
+    max_prompt_length: int = F(256, "Prompts are left-truncated to this many tokens.", ge=8, le=131072)
+    apply_chat_template: bool = F(True, "Wrap prompts with the tokenizer's chat template when it has one.")
+    system_prompt: Optional[str] = F(None, "System message prepended when the chat template is applied.")
+    shuffle: bool = F(True, "Shuffle prompts each epoch (seeded by trainer.seed).")
+    drop_last: bool = F(True, "Drop the last incomplete batch of an epoch.")
+    builtin_size: int = F(2000, "Number of prompts a builtin task generates for training.", ge=8, le=1_000_000)
+    builtin_digits: int = F(1, "Digits per operand for builtin:arithmetic.", ge=1, le=6)
+    eval_size: int = F(32, "Number of eval prompts used per evaluation.", ge=1, le=100_000)
+
+
+class RewardCfg(Section):
+    functions: list[str] = F([], "Reward functions: builtin:NAME, module:function or path/to/file.py:function.")
+    weights: Optional[list[float]] = F(None, "Weights of the reward functions (default 1 each); the model, if any, weighs 1.")
+    model: Optional[str] = F(None, "Reward model (sequence classification, one logit) scoring prompt + response.")
+    max_length: int = F(1024, "Reward model max input length (prompt + response tokens).", ge=8, le=131072)
+    normalize: bool = F(False, "Normalise rewards with running mean/std before advantages.")
+    clip: Optional[float] = F(None, "Clip rewards to [-clip, clip] after normalisation.", gt=0, le=1e6)
+    on_error: Literal["raise", "zero"] = F("raise", "A reward function that raises or returns NaN: stop the run, or score 0 and warn.")
+
+    @model_validator(mode="after")
+    def _weights_match(self):
+        if self.weights is not None and len(self.weights) != len(self.functions):
+            raise ValueError(
+                f"reward.weights has {len(self.weights)} entries but reward.functions has "
+                f"{len(self.functions)}; give one weight per function")
+        return self
+
+
+class KLCfg(Section):
+    coef: float = F(0.05, "KL penalty coefficient (initial value when adaptive).", ge=0, le=10)
+    mode: Literal["reward", "loss"] = F("reward", "reward: subtract coef*KL from token rewards; loss: add coef*KL to the actor loss.")
+    estimator: Literal["k1", "k2", "k3", "abs"] = F("k1", "KL estimator (k3 = low-variance, unbiased, non-negative).")
+    target: Optional[float] = F(None, "Target KL for the adaptive controller; None = fixed coef.", gt=0, le=100)
+    horizon: int = F(10000, "Adaptive controller horizon (samples).", ge=1, le=10_000_000)
+
+
+class AlgorithmCfg(Section):
+    name: AlgoName = F("grpo", "ppo (GAE + critic), grpo (group-normalised), rloo (leave-one-out), reinforce_pp (REINFORCE++).")
+    group_size: int = F(4, "Samples per prompt (GRPO/RLOO groups; also n for the others).", ge=1, le=1024)
+    gamma: float = F(1.0, "Discount factor.", ge=0, le=1)
+    lam: float = F(0.95, "GAE lambda (PPO).", ge=0, le=1)
+    clip_range: float = F(0.2, "PPO ratio clip epsilon (lower side).", gt=0, lt=1)
+    clip_range_high: Optional[float] = F(None, "Upper clip epsilon (clip-higher); defaults to clip_range.", gt=0, lt=1)
+    dual_clip: Optional[float] = F(None, "Dual-clip bound c > 1 for negative advantages; None = off.", gt=1, le=100)
+    value_clip: Optional[float] = F(0.2, "Value-loss clip around old values (PPO); None = off.", gt=0, le=100)
+    entropy_coef: float = F(0.0, "Entropy bonus coefficient.", ge=0, le=1)
+    loss_agg: AggMode = F("token-mean", "How token losses are aggregated.")
+    scale_by_std: bool = F(True, "GRPO: divide by the group std (False = Dr.GRPO).")
+    whiten_advantages: bool = F(True, "PPO: whiten GAE advantages over the batch.")
+    kl: KLCfg = F(KLCfg(), "KL regularisation to the reference model.")
+
+
+class OptimCfg(Section):
+    lr: float = F(1e-6, "Learning rate.", gt=0, le=1)
+    warmup_steps: int = F(10, "Linear LR warmup, in optimizer updates.", ge=0, le=1_000_000)
+    lr_schedule: Literal["constant", "cosine", "linear"] = F("constant", "LR schedule after warmup.")
+    min_lr_ratio: float = F(0.0, "Final lr / lr for cosine and linear schedules.", ge=0, le=1)
+    weight_decay: float = F(0.0, "AdamW weight decay.", ge=0, le=1)
+    betas: tuple[float, float] = F((0.9, 0.999), "AdamW betas.")
+    eps: float = F(1e-8, "AdamW epsilon.", gt=0, le=1e-2)
+    grad_clip: Optional[float] = F(1.0, "Max global gradient norm; None = no clipping.", gt=0, le=1e6)
+    zero_stage: int = F(0, "DeepSpeed ZeRO stage (0-3).", ge=0, le=3)
+    gradient_checkpointing: bool = F(False, "Recompute activations in training passes (never during generation).")
+    offload_optimizer: bool = F(False, "ZeRO optimizer-state offload to CPU (GPU runs; needs the cpu_adam op).")
+    device_mesh: Optional[list[int]] = F(None, "Device ids (ranks) this role runs on; None = all.")
+
+    @field_validator("device_mesh", mode="before")
+    @classmethod
+    def _mesh_is_list(cls, v):
+        if isinstance(v, (str, int)):
+            raise ValueError(
+                f"device_mesh must be a list of device ids like [0, 1], not {v!r}: a single "
+                "'cuda:0' string puts the whole role on one card")
+        return v
+
+
+class ActorCfg(OptimCfg):
+    lr: float = F(1e-6, "Actor learning rate (playbook: 1e-7..5e-6, below critic.lr).", gt=0, le=1)
+
+
+class CriticCfg(OptimCfg):
+    lr: float = F(3e-6, "Critic learning rate (playbook: 1-5 x actor.lr, 3x by default).", gt=0, le=1)
+
+
+class RolloutCfg(Section):
+    engine: Literal["auto", "hf", "vllm"] = F("auto", "Generation engine: auto = vllm when installed and usable, else hf.")
+    batch_size: int = F(8, "Sequences generated per generation call (prompts x group_size).", ge=1, le=1_000_000)
+    max_new_tokens: int = F(64, "Max tokens generated per response.", ge=1, le=131072)
+    temperature: float = F(1.0, "Sampling temperature.", gt=0, le=10)
+    top_p: float = F(1.0, "Nucleus sampling p.", gt=0, le=1)
+    top_k: int = F(0, "Top-k sampling; 0 = off.", ge=0, le=1_000_000)
+    stop: list[str] = F([], "Stop strings; generation of a response ends after one appears.")
+    gpu_memory_utilization: float = F(0.5, "vLLM: fraction of GPU memory for weights + KV cache.", gt=0, le=1)
+    tensor_parallel_size: int = F(1, "vLLM tensor parallel size.", ge=1, le=64)
+    max_model_len: Optional[int] = F(None, "vLLM max sequence length; default prompt + response length.", ge=16, le=1_048_576)
+    cpu_kvcache_gb: float = F(2.0, "vLLM on CPU: KV cache size in GiB.", gt=0, le=1024)
+    sleep_mode: bool = F(True, "vLLM: free rollout memory while training where the platform supports it.")
+    logprob_tolerance: float = F(0.05, "Stale-weight guard: max mean |rollout logp - actor logp| before a warning.", gt=0, le=100)
+
+
+class TrainCfg(Section):
+    batch_size: int = F(32, "Sequences per optimizer update (via accumulation over micro batches).", ge=1, le=10_000_000)
+    micro_batch_size: int = F(4, "Sequences per forward/backward pass.", ge=1, le=1_000_000)
+    ppo_epochs: int = F(1, "Passes over each step's experience.", ge=1, le=100)
+    updates_per_step: Optional[int] = F(None, "Optimizer updates per step per epoch (derived: 1; experience = train.batch_size).", ge=1, le=1000)
+
+
+class TrainerCfg(Section):
+    output_dir: str = F("runs/rltune", "Run directory: metrics, events, checkpoints, final model.")
+    max_steps: int = F(100, "Training steps (one step = one batch of experience, then updates).", ge=1, le=10_000_000)
+    seed: Optional[int] = F(42, "Seed for python, numpy, torch and the sampler; None = not reproducible.", ge=0, le=2**32 - 1)
+    precision: Literal["fp32", "bf16", "fp16"] = F("fp32", "Training precision (fp16 is discouraged: spikes).")
+    save_every: int = F(0, "Checkpoint every N steps; 0 = only at the end and on interrupt.", ge=0, le=10_000_000)
+    keep_checkpoints: int = F(2, "How many recent checkpoints to keep.", ge=1, le=1000)
+    eval_every: int = F(0, "Evaluate every N steps (and before the first and after the last); 0 = off.", ge=0, le=10_000_000)
+    nproc: int = F(1, "Processes (ranks) on this node; > 1 starts the launcher.", ge=1, le=1024)
+    nnodes: int = F(1, "Nodes (multi-node runs need the launcher's rendezvous or a hostfile).", ge=1, le=4096)
+    launcher: Literal["torchrun", "deepspeed"] = F("torchrun", "Launcher for nproc > 1.")
+    device: Literal["auto", "cpu", "cuda"] = F("auto", "Device: auto = cuda when available.")
+    threads: Optional[int] = F(None, "torch CPU threads per rank; None = torch default.", ge=1, le=1024)
+
+
+class LoggingCfg(Section):
+    console: Literal["rich", "plain", "quiet"] = F("rich", "Console output: Rich progress bar, plain lines, or quiet.")
+    log_every: int = F(1, "Print a [Rollout] line every N steps.", ge=1, le=1_000_000)
+    tensorboard: bool = F(False, "Write TensorBoard events to RUN_DIR/tb (extra: tracking).")
+    wandb: bool = F(False, "Log to Weights & Biases (offline mode works with no network).")
+    wandb_project: str = F("rltune", "W&B project.")
+    wandb_mode: Literal["online", "offline", "disabled"] = F("offline", "W&B mode.")
+    mlflow: bool = F(False, "Log to MLflow.")
+    mlflow_tracking_uri: Optional[str] = F(None, "MLflow tracking URI; default a file store in RUN_DIR/mlruns.")
+    sample_every: int = F(0, "Print one sampled completion every N steps; 0 = off.", ge=0, le=1_000_000)
+
+
+class HealthCfg(Section):
+    enabled: bool = F(True, "Run the health detectors during training.")
+    warmup_steps: int = F(3, "Steps before detectors that need history may fire.", ge=0, le=100000)
+    window: int = F(5, "Window (steps) for sustained-condition and trend detectors.", ge=2, le=100000)
+    reward_swing: float = F(0.15, "Early reward swing threshold (relative, ±15%).", gt=0, le=100)
+    kl_high: float = F(0.6, "Sustained KL above this is too high.", gt=0, le=1000)
+    kl_spike_factor: float = F(10.0, "KL spike: a value this many times its running max.", gt=1, le=1e6)
+    kl_spike_min: float = F(0.3, "KL spike: ignore values below this.", ge=0, le=1000)
+    grad_spike_factor: float = F(10.0, "Grad-norm spike: this many times its running median.", gt=1, le=1e6)
+    collapse_drop: float = F(0.3, "Reward collapse: drop from the peak, relative to the rise.", gt=0, le=10)
+    entropy_floor: float = F(0.05, "Entropy collapse below this (nats/token).", ge=0, le=100)
+    length_collapse: float = F(0.3, "Response length below this fraction of its start.", gt=0, lt=1)
+    length_runaway: float = F(0.95, "Mean response length above this fraction of max_new_tokens.", gt=0, le=1)
+    sync_ms: float = F(200.0, "Rollout weight sync (resharding) slower than this (ms).", gt=0, le=1e7)
+    max_skipped_steps: int = F(3, "Consecutive non-finite steps before the run stops.", ge=1, le=1000)
+
+
+class AutotuneCfg(Section):
+    enabled: bool = F(False, "Let the stage controller act on the run (see docs/health.md).")
+    mode: Literal["act", "advise"] = F("act", "act: change knobs; advise: only log what it would change.")
+    cooldown: int = F(5, "Steps between two spike fixes.", ge=0, le=100000)
+    window: int = F(3, "Steps per window for the stage transitions.", ge=1, le=100000)
+
+
+class LintCfg(Section):
+    waive: dict[str, str] = F({}, "Waived lint rules: RULE_ID: reason.")
+
+
+class Recipe(Section):
+    """One RL post-training run."""
+
+    model: ModelCfg
+    data: DataCfg
+    reward: RewardCfg = F(RewardCfg(), "Reward functions and/or a reward model.")
+    algorithm: AlgorithmCfg = F(AlgorithmCfg(), "RL algorithm and loss options.")
+    actor: ActorCfg = F(ActorCfg(), "Actor (policy) optimisation.")
+    critic: CriticCfg = F(CriticCfg(), "Critic (value model) optimisation; PPO only.")
+    rollout: RolloutCfg = F(RolloutCfg(), "Generation.")
+    train: TrainCfg = F(TrainCfg(), "Batches and epochs.")
+    trainer: TrainerCfg = F(TrainerCfg(), "Run directory, steps, precision, seed, checkpoints, processes.")
+    logging: LoggingCfg = F(LoggingCfg(), "Console and experiment trackers.")
+    health: HealthCfg = F(HealthCfg(), "Health detectors (thresholds from the playbook).")
+    autotune: AutotuneCfg = F(AutotuneCfg(), "Automatic stage transitions and spike fixes.")
+    preset: Union[str, list[str], None] = F(None, "Preset name(s) merged under this recipe, in order (the recipe wins).")
+    lint: LintCfg = F(LintCfg(), "Lint settings.")
+
+    # -- derived quantities, used by validate (batch plan) and the trainer --
+    @property
+    def has_critic(self) -> bool:
+        return self.algorithm.name in CRITIC_ALGOS
+
+    @property
+    def samples_per_prompt(self) -> int:
+        return self.algorithm.group_size
+
+    @property
+    def gen_calls_per_step(self) -> int:
+        return max(1, self.train.batch_size // self.rollout.batch_size)
+
+    @property
+    def prompts_per_call(self) -> int:
+        return max(1, self.rollout.batch_size // self.algorithm.group_size)
+
+    @property
+    def micro_steps_per_update(self) -> int:
+        return max(1, self.train.batch_size // self.train.micro_batch_size)
+
+
+def batch_plan(r: Recipe) -> dict:
+    """What the batch sizes mean for one training step (printed by `validate`)."""
+    calls = r.gen_calls_per_step
+    return {
+        "generation_calls_per_step": calls,
+        "prompts_per_generation_call": r.prompts_per_call,
+        "samples_per_prompt": r.samples_per_prompt,
+        "sequences_per_step": calls * r.rollout.batch_size,
+        "sequences_per_optimizer_update": r.train.batch_size,
+        "micro_batches_per_update": r.micro_steps_per_update,
+        "optimizer_updates_per_step": r.train.ppo_epochs
+        * max(1, (calls * r.rollout.batch_size) // r.train.batch_size),
+        "ppo_epochs": r.train.ppo_epochs,
+    }
