@@ -1,0 +1,68 @@
+"""Process-group setup for DeepSpeed on CPU (gloo) and GPU (nccl)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: str            # "cpu" or "cuda:N"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pick_device(requested: str) -> str:
+    if requested == "cpu":
+        return "cpu"
+    import torch
+
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("trainer.device: cuda but no CUDA device is visible; use trainer.device: auto")
+        return "cuda"
+    return "cpu"
+
+
+def init_distributed(requested_device: str = "auto") -> DistInfo:
+    """Initialise torch.distributed through DeepSpeed (one process works without a launcher)."""
+    device_kind = pick_device(requested_device)
+    if device_kind == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # a single process started without a launcher: give it a world of one
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
+    import deepspeed
+    import deepspeed.ops
+
+    # training never uses the shared-memory comm op; skip its ~50 s JIT compile on CPU
+    compat = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compat, dict):
+        compat["deepspeed_shm_comm"] = False
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend="gloo" if device_kind == "cpu" else "nccl",
+                                   verbose=False)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_kind == "cuda":
+        import torch
+
+        torch.cuda.set_device(local_rank)
+        return DistInfo(rank, world, local_rank, f"cuda:{local_rank}")
+    return DistInfo(rank, world, local_rank, "cpu")

@@ -1,0 +1,168 @@
+"""DeepSpeed engines for the three model roles: actor, critic (value head), reference.
+
+Each role is its own `deepspeed.initialize` with the recipe's ZeRO stage, clipping and
+optimizer. Gradient accumulation is ours (`managed_gradient_accumulation: false`): the
+trainer weights each micro-batch loss by its share of the update's tokens, calls
+`backward` per micro-batch and `step` once per update, and can skip a non-finite update
+without touching the weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..models.loading import attn_impl, load_backbone, load_causal_lm, resolve_model_dir
+
+
+class ValueModel(nn.Module):
+    """A causal-LM backbone with a scalar value head: (B, L) tokens -> (B, L) values."""
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        hidden = backbone.config.hidden_size
+        self.value_head = nn.Linear(hidden, 1)
+        nn.init.normal_(self.value_head.weight, std=1.0 / math.sqrt(hidden + 1))
+        nn.init.zeros_(self.value_head.bias)
+        self.config = backbone.config
+
+    def gradient_checkpointing_enable(self, **kw):
+        self.backbone.gradient_checkpointing_enable(**kw)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids, use_cache=False).last_hidden_state  # (B, L, H)
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)         # (B, L)
+
+
+def lr_factor(update: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """LR multiplier for optimizer update number `update` (0-based)."""
+    if warmup > 0 and update < warmup:
+        return (update + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return 1.0
+    progress = min(1.0, (update - warmup) / max(1, total - warmup))
+    if schedule == "linear":
+        return 1.0 - (1.0 - min_ratio) * progress
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def ds_config(opt_cfg, precision: str, micro_batch: int, device: str, with_optimizer: bool) -> dict:
+    cfg = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": float(opt_cfg.grad_clip or 0.0) if with_optimizer else 0.0,
+        "zero_optimization": {"stage": opt_cfg.zero_stage if with_optimizer else 0},
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16", "initial_scale_power": 16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if with_optimizer and opt_cfg.offload_optimizer:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    if with_optimizer and device.startswith("cuda"):
+        # DeepSpeed's fused Adam on GPUs (CPU Adam when offloading)
+        cfg["optimizer"] = {"type": "AdamW", "params": {
+            "lr": opt_cfg.lr, "betas": list(opt_cfg.betas), "eps": opt_cfg.eps,
+            "weight_decay": opt_cfg.weight_decay}}
+    return cfg
+
+
+def _initialize(model: nn.Module, opt_cfg, precision, micro_batch, device, total_updates):
+    import deepspeed
+
+    config = ds_config(opt_cfg, precision, micro_batch, device, with_optimizer=True)
+    optimizer = None
+    if "optimizer" not in config:  # CPU: a torch AdamW (no FusedAdam compile)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=opt_cfg.lr,
+                                      betas=tuple(opt_cfg.betas), eps=opt_cfg.eps,
+                                      weight_decay=opt_cfg.weight_decay)
+
+    def scheduler(opt):
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda u: lr_factor(
+            u, opt_cfg.warmup_steps, total_updates, opt_cfg.lr_schedule, opt_cfg.min_lr_ratio))
+
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=config, model_parameters=None if optimizer else model.parameters())
+    return engine
+
+
+def _zero3_context(opt_cfg, precision, micro_batch, device):
+    """Under ZeRO-3, HF models must be constructed with HfDeepSpeedConfig alive."""
+    if opt_cfg.zero_stage != 3:
+        return None
+    from transformers.integrations import HfDeepSpeedConfig
+
+    return HfDeepSpeedConfig(ds_config(opt_cfg, precision, micro_batch, device, with_optimizer=True))
+
+
+def build_actor(recipe, device: str, total_updates: int):
+    keep = _zero3_context(recipe.actor, recipe.trainer.precision, recipe.train.micro_batch_size, device)  # noqa: F841
+    model = load_causal_lm(recipe.model.policy, "fp32", recipe.model.attn_implementation, device,
+                           recipe.model.trust_remote_code)
+    model.config.use_cache = False
+    if recipe.actor.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return _initialize(model, recipe.actor, recipe.trainer.precision, recipe.train.micro_batch_size,
+                       device, total_updates)
+
+
+def build_critic(recipe, device: str, total_updates: int):
+    spec = recipe.model.critic or recipe.model.policy
+    keep = _zero3_context(recipe.critic, recipe.trainer.precision, recipe.train.micro_batch_size, device)  # noqa: F841
+    backbone = load_backbone(spec, "fp32", recipe.model.attn_implementation, device, recipe.model.trust_remote_code)
+    if recipe.critic.zero_stage == 3:
+        import deepspeed
+
+        with deepspeed.zero.Init():
+            model = ValueModel(backbone)
+    else:
+        model = ValueModel(backbone)
+    if recipe.critic.gradient_checkpointing:
+        backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return _initialize(model, recipe.critic, recipe.trainer.precision, recipe.train.micro_batch_size,
+                       device, total_updates)
+
+
+def build_reference(recipe, device: str):
+    """Frozen, inference only: a stage-0 engine without optimizer (stages 1-2 need one)."""
+    import deepspeed
+
+    spec = recipe.model.reference or recipe.model.policy
+    model = load_causal_lm(spec, "fp32", recipe.model.attn_implementation, device, recipe.model.trust_remote_code)
+    model.config.use_cache = False
+    model.eval().requires_grad_(False)
+    config = ds_config(recipe.actor, recipe.trainer.precision, recipe.train.micro_batch_size, device,
+                       with_optimizer=False)
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config)
+    engine.eval()
+    return engine
+
+
+def set_lr(engine, base_lr: float) -> None:
+    """Change a role's base learning rate (autotune); the schedule factor still applies."""
+    sched = engine.lr_scheduler
+    if sched is not None and hasattr(sched, "base_lrs"):
+        factor = sched.lr_lambdas[0](max(sched.last_epoch, 0)) if hasattr(sched, "lr_lambdas") else 1.0
+        sched.base_lrs = [base_lr for _ in sched.base_lrs]
+        for group in engine.optimizer.param_groups:
+            group["lr"] = base_lr * factor
+    else:
+        for group in engine.optimizer.param_groups:
+            group["lr"] = base_lr
+
+
+def current_lr(engine) -> float:
+    return float(engine.get_lr()[0])
+
+
+def resolve_policy_dir(recipe) -> str:
+    return resolve_model_dir(recipe.model.policy)
+
+
+__all__ = ["ValueModel", "build_actor", "build_critic", "build_reference", "set_lr", "current_lr",
+           "lr_factor", "ds_config", "attn_impl", "resolve_policy_dir"]

@@ -1,0 +1,168 @@
+"""Rewards: functions named by the recipe, a reward model, weighted, normalised, clipped.
+
+The only user code rltune runs is the reward path a recipe names (`module:function` or
+`path/to/file.py:function`); checkpoints and caches never execute pickled code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .builtins import BUILTIN_REWARDS
+
+
+class RewardError(Exception):
+    """A reward that cannot be loaded or computed (message is user-facing)."""
+
+
+def load_reward_function(spec: str, base_dir: Path | None = None) -> Callable:
+    """Resolve `builtin:NAME`, `module:function` or `path/to/file.py:function`."""
+    if spec.startswith("builtin:"):
+        name = spec.split(":", 1)[1]
+        if name not in BUILTIN_REWARDS:
+            raise RewardError(f"unknown builtin reward {spec!r}; available: "
+                              + ", ".join("builtin:" + n for n in BUILTIN_REWARDS))
+        return BUILTIN_REWARDS[name]
+    if ":" not in spec:
+        raise RewardError(f"reward function {spec!r} must be builtin:NAME, module:function or file.py:function")
+    target, func_name = spec.rsplit(":", 1)
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_absolute() and base_dir is not None and not path.exists():
+            path = base_dir / path
+        if not path.exists():
+            raise RewardError(f"reward file {target} does not exist (from reward.functions: {spec})")
+        mod_name = f"rltune_user_reward_{abs(hash(str(path.resolve())))}"
+        module_spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[mod_name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as err:  # noqa: BLE001
+            raise RewardError(f"importing reward file {target} failed: {type(err).__name__}: {err}") from err
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as err:  # noqa: BLE001
+            raise RewardError(f"cannot import reward module {target!r}: {type(err).__name__}: {err}") from err
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        raise RewardError(f"{target} has no function {func_name!r} (from reward.functions: {spec})")
+    return fn
+
+
+@dataclass
+class RunningMoments:
+    """Running mean/std of rewards (Chan et al. parallel update), checkpointable."""
+
+    count: float = 0.0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def update(self, xs: list[float]) -> None:
+        n = len(xs)
+        if n == 0:
+            return
+        bmean = sum(xs) / n
+        bm2 = sum((x - bmean) ** 2 for x in xs)
+        delta = bmean - self.mean
+        total = self.count + n
+        self.mean += delta * n / total
+        self.m2 += bm2 + delta**2 * self.count * n / total
+        self.count = total
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.m2 / max(self.count - 1, 1)) if self.count > 1 else 1.0
+
+
+@dataclass
+class RewardResult:
+    scores: list[float]                       # (B,) final reward per completion
+    raw: dict[str, list[float]] = field(default_factory=dict)  # per source, before weighting
+
+
+class RewardComputer:
+    """Calls the recipe's reward functions (and model) and combines them."""
+
+    def __init__(self, cfg, base_dir: Path | None = None, reward_model=None, log=None):
+        self.cfg = cfg
+        self.functions = [(spec, load_reward_function(spec, base_dir)) for spec in cfg.functions]
+        self.weights = list(cfg.weights) if cfg.weights is not None else [1.0] * len(self.functions)
+        self.reward_model = reward_model  # callable(prompts, completions) -> list[float]
+        self.moments = RunningMoments()
+        self.log = log
+        if not self.functions and reward_model is None:
+            raise RewardError("no reward: set reward.functions (e.g. [builtin:exact_answer]) or reward.model")
+
+    def _call_one(self, spec, fn, prompts, completions, columns) -> list[float]:
+        try:
+            values = fn(prompts, completions, **columns)
+        except Exception as err:  # noqa: BLE001 - find the sample, then report
+            bad = self._first_failing_sample(fn, prompts, completions, columns)
+            where = f"sample {bad} (prompt {prompts[bad][:60]!r})" if bad is not None else f"a batch of {len(prompts)}"
+            msg = f"reward function {spec} raised {type(err).__name__}: {err} on {where}"
+            return self._on_error(msg, len(prompts))
+        try:
+            values = [float(v) for v in values]
+        except (TypeError, ValueError) as err:
+            return self._on_error(f"reward function {spec} must return a list of floats, got {type(values).__name__}: {err}", len(prompts))
+        if len(values) != len(prompts):
+            return self._on_error(f"reward function {spec} returned {len(values)} values for {len(prompts)} completions", len(prompts))
+        for i, v in enumerate(values):
+            if not math.isfinite(v):
+                msg = f"reward function {spec} returned {v} for sample {i} (prompt {prompts[i][:60]!r})"
+                if self.cfg.on_error == "raise":
+                    raise RewardError(msg + "\n  fix: make the function return finite floats, or set reward.on_error: zero")
+                if self.log:
+                    self.log.warning(msg + "; scored 0 (reward.on_error: zero)")
+                values[i] = 0.0
+        return values
+
+    def _first_failing_sample(self, fn, prompts, completions, columns):
+        for i in range(len(prompts)):
+            try:
+                fn(prompts[i:i + 1], completions[i:i + 1], **{k: v[i:i + 1] for k, v in columns.items()})
+            except Exception:  # noqa: BLE001
+                return i
+        return None
+
+    def _on_error(self, msg: str, n: int) -> list[float]:
+        if self.cfg.on_error == "raise":
+            raise RewardError(msg + "\n  fix: fix the function, or set reward.on_error: zero to score such samples 0")
+        if self.log:
+            self.log.warning(msg + "; scored 0 (reward.on_error: zero)")
+        return [0.0] * n
+
+    def __call__(self, prompts: list[str], completions: list[str], columns: dict[str, list]) -> RewardResult:
+        n = len(completions)
+        total = [0.0] * n
+        raw: dict[str, list[float]] = {}
+        for (spec, fn), w in zip(self.functions, self.weights):
+            values = self._call_one(spec, fn, prompts, completions, columns)
+            raw[spec] = values
+            total = [t + w * v for t, v in zip(total, values)]
+        if self.reward_model is not None:
+            values = [float(v) for v in self.reward_model(prompts, completions)]
+            raw["model"] = values
+            total = [t + v for t, v in zip(total, values)]
+        if self.cfg.normalize:
+            self.moments.update(total)
+            total = [(t - self.moments.mean) / (self.moments.std + 1e-8) for t in total]
+        if self.cfg.clip is not None:
+            c = self.cfg.clip
+            total = [min(max(t, -c), c) for t in total]
+        return RewardResult(total, raw)
+
+    def state_dict(self) -> dict:
+        m = self.moments
+        return {"count": m.count, "mean": m.mean, "m2": m.m2}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.moments = RunningMoments(state["count"], state["mean"], state["m2"])

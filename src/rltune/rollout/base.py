@@ -1,0 +1,50 @@
+"""The rollout interface every generation engine implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Sampling:
+    n: int = 1                      # samples per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                  # 0 = off
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    greedy: bool = False            # eval: argmax decoding
+
+    @classmethod
+    def from_recipe(cls, rollout_cfg, n: int, greedy: bool = False) -> "Sampling":
+        return cls(n=n, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
+                   top_k=rollout_cfg.top_k, max_new_tokens=rollout_cfg.max_new_tokens,
+                   stop=tuple(rollout_cfg.stop), greedy=greedy)
+
+
+class RolloutEngine(Protocol):
+    name: str
+
+    def generate(self, prompt_ids: list[list[int]], sampling: Sampling):
+        """Sample `sampling.n` responses per prompt (prompt-major order) -> Experience
+        with prompt/response tokens, masks and `rollout_logp` (log-probs of the sampled
+        tokens under the engine's weights, at the sampling temperature)."""
+
+    def sync_weights(self, actor) -> float:
+        """Push the actor's current weights into the engine; returns milliseconds."""
+
+
+def response_mask_from_ids(response_ids, eos_ids: set[int], pad_id: int | None):
+    """(B, T) float mask: 1 up to and including the first EOS; 0 after it and on padding."""
+    import torch
+
+    is_eos = torch.zeros_like(response_ids, dtype=torch.bool)
+    for e in eos_ids:
+        is_eos |= response_ids == e
+    # positions strictly after the first EOS
+    after_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
+    mask = ~after_eos
+    if pad_id is not None and pad_id not in eos_ids:
+        mask &= response_ids != pad_id
+    return mask.float()

@@ -1,0 +1,83 @@
+"""The step's batch: one typed container, fields grouped by meaning, shapes commented.
+
+B = sequences in the step, P = prompt width (left-padded), T = response width (right-padded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class Experience:
+    # -- tokens (from the rollout engine) --
+    prompt_ids: torch.Tensor          # (B, P) long, left-padded
+    prompt_mask: torch.Tensor         # (B, P) long, 1 = real token
+    response_ids: torch.Tensor        # (B, T) long, right-padded
+    response_mask: torch.Tensor       # (B, T) float, 1 = generated token up to and including EOS
+    rollout_logp: Optional[torch.Tensor] = None  # (B, T) log-prob the rollout engine sampled with
+
+    # -- outcome (from the reward functions / model) --
+    scores: Optional[torch.Tensor] = None        # (B,) reward per sequence
+
+    # -- model outputs without autograd --
+    ref_logp: Optional[torch.Tensor] = None      # (B, T) reference model log-probs
+    old_logp: Optional[torch.Tensor] = None      # (B, T) actor log-probs before this step's updates
+    old_values: Optional[torch.Tensor] = None    # (B, T) critic values before the updates (PPO)
+
+    # -- learning targets --
+    token_rewards: Optional[torch.Tensor] = None  # (B, T) score at the last token, minus KL if in reward
+    advantages: Optional[torch.Tensor] = None     # (B, T)
+    returns: Optional[torch.Tensor] = None        # (B, T) value targets (PPO)
+
+    @property
+    def size(self) -> int:
+        return self.response_ids.shape[0]
+
+    @property
+    def prompt_width(self) -> int:
+        return self.prompt_ids.shape[1]
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """input_ids, attention_mask and position_ids for a forward over prompt + response."""
+        input_ids = torch.cat([self.prompt_ids, self.response_ids], dim=1)            # (B, P+T)
+        attention = torch.cat([self.prompt_mask, self.response_mask.long()], dim=1)   # (B, P+T)
+        position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)                      # (B, P+T)
+        return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids}
+
+    def select(self, index: torch.Tensor) -> "Experience":
+        """A sub-batch (rows `index`) sharing no storage requirements with the parent."""
+        kw = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            kw[f.name] = value[index] if isinstance(value, torch.Tensor) else value
+        return Experience(**kw)
+
+    def to(self, device) -> "Experience":
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
+
+    @staticmethod
+    def concat(parts: list["Experience"], pad_id: int) -> "Experience":
+        """Join generation calls: re-pad prompts on the left and responses on the right."""
+        P = max(p.prompt_ids.shape[1] for p in parts)
+        T = max(p.response_ids.shape[1] for p in parts)
+
+        def left(x, width, value):
+            return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
+
+        def right(x, width, value):
+            return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+        out = Experience(
+            prompt_ids=torch.cat([left(p.prompt_ids, P, pad_id) for p in parts]),
+            prompt_mask=torch.cat([left(p.prompt_mask, P, 0) for p in parts]),
+            response_ids=torch.cat([right(p.response_ids, T, pad_id) for p in parts]),
+            response_mask=torch.cat([right(p.response_mask, T, 0) for p in parts]),
+        )
+        if all(p.rollout_logp is not None for p in parts):
+            out.rollout_logp = torch.cat([right(p.rollout_logp, T, 0.0) for p in parts])
+        return out

@@ -1,0 +1,190 @@
+"""One optimizer update of a role over micro-batches, with our own accumulation.
+
+Each micro-batch loss is weighted by its share of the update (tokens for token-level
+aggregation, sequences for sequence-level), so 1 x 8 accumulation equals 8 x 1. A
+non-finite loss or gradient norm skips the whole update: the weights, the optimizer
+state and the LR schedule stay untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..algo import (
+    aggregate,
+    entropy_from_logits,
+    kl as kl_estimate,
+    logprobs_from_logits,
+    policy_loss,
+    value_loss,
+)
+from .experience import Experience
+
+TOKEN_LEVEL = ("token-mean",)
+SEQ_LEVEL = ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def micro_weight(mb_mask: torch.Tensor, total_tokens: float, total_seqs: int, agg: str) -> float:
+    """Share of the update that a micro-batch's aggregated loss represents."""
+    if agg in TOKEN_LEVEL:
+        return float(mb_mask.sum()) / max(total_tokens, 1.0)
+    if agg in SEQ_LEVEL:
+        return mb_mask.shape[0] / max(total_seqs, 1)
+    return 1.0  # token-sum: sums add up
+
+
+@dataclass
+class UpdateResult:
+    loss: float = 0.0
+    grad_norm: float = float("nan")
+    skipped: bool = False
+    reason: str = ""
+    stats: dict = field(default_factory=dict)   # weighted means of per-micro-batch stats
+
+
+@dataclass
+class Knobs:
+    """The values autotune may change while a run goes on."""
+
+    actor_lr: float
+    critic_lr: float
+    kl_coef: float
+    clip_range: float
+    entropy_coef: float
+
+
+def _grad_norm(engine) -> float | None:
+    """Global L2 norm of the accumulated gradients (stages 0-1 keep them in .grad)."""
+    stage = engine.zero_optimization_stage()
+    if stage >= 2:
+        return None
+    sq = torch.zeros((), dtype=torch.float64)
+    for p in engine.module.parameters():
+        if p.grad is not None:
+            sq += p.grad.detach().double().pow(2).sum().cpu()
+    return math.sqrt(float(sq))
+
+
+def _any_rank(flag: bool) -> bool:
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(t)
+    return bool(t.item() > 0)
+
+
+def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: str,
+               force_nonfinite: bool = False) -> UpdateResult:
+    """Forward/backward every micro-batch, then one guarded optimizer step."""
+    total_tokens = float(sum(float(mb.response_mask.sum()) for mb in micro_batches))
+    total_seqs = sum(mb.size for mb in micro_batches)
+    result, bad = UpdateResult(), False
+    engine.train()
+    for mb in micro_batches:
+        w = micro_weight(mb.response_mask, total_tokens, total_seqs, agg)
+        loss, stats = loss_fn(mb)
+        if force_nonfinite:
+            loss = loss * float("inf")
+        if not torch.isfinite(loss):
+            bad, result.reason = True, f"loss {float(loss)}"
+            continue
+        engine.backward(loss * w, scale_wrt_gas=False)
+        result.loss += float(loss.detach()) * w
+        for k, v in stats.items():
+            result.stats[k] = result.stats.get(k, 0.0) + float(v) * w
+    norm = _grad_norm(engine)
+    if norm is not None and not math.isfinite(norm):
+        bad, result.reason = True, result.reason or f"grad norm {norm}"
+    if _any_rank(bad):
+        engine.zero_grad()
+        if hasattr(engine.optimizer, "zero_grad"):
+            engine.optimizer.zero_grad()
+        result.skipped, result.grad_norm = True, float("nan")
+        return result
+    engine.step()
+    ds_norm = engine.get_global_grad_norm()
+    result.grad_norm = float(ds_norm) if ds_norm is not None else float(norm if norm is not None else float("nan"))
+    return result
+
+
+def response_logits(model, mb: Experience, temperature: float) -> torch.Tensor:
+    """Logits that predict each response token: (b, T, V) float32, divided by temperature."""
+    T = mb.response_ids.shape[1]
+    out = model(**mb.model_inputs(), use_cache=False, logits_to_keep=T + 1)
+    return out.logits[:, :-1].float() / temperature
+
+
+def make_actor_loss(actor, recipe, knobs: Knobs, temperature: float, kl_in_loss: bool,
+                    logprob_probe: dict | None = None):
+    """The actor's micro-batch loss: clipped surrogate - entropy bonus (+ KL if in loss)."""
+    algo = recipe.algorithm
+
+    def loss_fn(mb: Experience):
+        mask = mb.response_mask                                        # (b, T)
+        logits = response_logits(actor, mb, temperature)               # (b, T, V)
+        logp = logprobs_from_logits(logits, mb.response_ids)           # (b, T)
+        if knobs.entropy_coef > 0:
+            entropy = entropy_from_logits(logits)                      # (b, T)
+        else:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach())
+        old = mb.old_logp if mb.old_logp is not None else logp.detach()
+        loss, stats = policy_loss(logp, old, mb.advantages, mask, knobs.clip_range,
+                                  clip_high=algo.clip_range_high, dual_clip=algo.dual_clip, agg=algo.loss_agg)
+        ent = aggregate(entropy, mask, algo.loss_agg)
+        if knobs.entropy_coef > 0:
+            loss = loss - knobs.entropy_coef * ent
+        stats = {k: float(v) for k, v in stats.items()}
+        stats["entropy"] = float(aggregate(entropy.detach(), mask, "token-mean"))
+        if kl_in_loss and mb.ref_logp is not None:
+            kl_t = kl_estimate(logp, mb.ref_logp, algo.kl.estimator)   # (b, T)
+            kl_term = aggregate(kl_t, mask, algo.loss_agg)
+            loss = loss + knobs.kl_coef * kl_term
+            stats["kl_loss"] = float(kl_term.detach())
+        if logprob_probe is not None and mb.rollout_logp is not None:
+            diff = ((logp.detach() - mb.rollout_logp).abs() * mask)
+            logprob_probe["sum"] = logprob_probe.get("sum", 0.0) + float(diff.sum())
+            logprob_probe["n"] = logprob_probe.get("n", 0.0) + float(mask.sum())
+            logprob_probe["max"] = max(logprob_probe.get("max", 0.0), float(diff.max()) if diff.numel() else 0.0)
+        return loss, stats
+
+    return loss_fn
+
+
+def make_critic_loss(critic, recipe):
+    algo = recipe.algorithm
+
+    def loss_fn(mb: Experience):
+        T = mb.response_ids.shape[1]
+        values = critic(**mb.model_inputs())[:, -T - 1:-1].float()    # (b, T) value before each token
+        loss, stats = value_loss(values, mb.old_values, mb.returns, mb.response_mask, algo.value_clip,
+                                 agg=algo.loss_agg)
+        return loss, {k: float(v) for k, v in stats.items()}
+
+    return loss_fn
+
+
+@torch.no_grad()
+def forward_logp(model, exp: Experience, temperature: float, micro: int) -> torch.Tensor:
+    """(B, T) log-probs of the response tokens, without autograd, in micro-batches."""
+    out = []
+    for i in range(0, exp.size, micro):
+        mb = exp.select(torch.arange(i, min(i + micro, exp.size)))
+        out.append(logprobs_from_logits(response_logits(model, mb, temperature), mb.response_ids))
+    return torch.cat(out) * exp.response_mask
+
+
+@torch.no_grad()
+def forward_values(critic, exp: Experience, micro: int) -> torch.Tensor:
+    out = []
+    T = exp.response_ids.shape[1]
+    for i in range(0, exp.size, micro):
+        mb = exp.select(torch.arange(i, min(i + micro, exp.size)))
+        out.append(critic(**mb.model_inputs())[:, -T - 1:-1].float())
+    return torch.cat(out) * exp.response_mask
