@@ -1,0 +1,197 @@
+"""Atomic, verifiable checkpoints and exact resume.
+
+Layout: RUN_DIR/checkpoints/step-00000010/
+  actor/, critic/      DeepSpeed checkpoints (weights, optimizer, LR scheduler), per rank
+  state.json           step, KL controller, sampler position, reward moments, knobs,
+                       health monitor and autotune state, recipe hash
+  rng-rank{R}.pt       RNG states (python, numpy, torch, the update shuffler), tensors only
+  manifest.json        step, recipe hash, every file with size and sha256 (written last)
+A checkpoint is written to a temp dir, fsynced, then renamed; a directory without a valid
+manifest (killed mid-write, truncated or altered file) is skipped with a warning and the
+previous good one is used. Our files load with `weights_only=True` or JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+CKPT_DIR = "checkpoints"
+PREFIX = "step-"
+
+
+def recipe_hash(recipe_dict: dict) -> str:
+    return hashlib.sha256(json.dumps(recipe_dict, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state(gen: torch.Generator) -> dict:
+    import numpy as np
+
+    py = random.getstate()
+    np_state = np.random.get_state()
+    return {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype("int64")), int(np_state[2]),
+                  int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state(),
+        "shuffle": gen.get_state(),
+    }
+
+
+def set_rng_state(state: dict, gen: torch.Generator) -> None:
+    import numpy as np
+
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n[0], n[1].numpy().astype("uint32"), n[2], n[3], n[4]))
+    torch.set_rng_state(state["torch"])
+    gen.set_state(state["shuffle"])
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def save(run_dir: Path, step: int, engines: dict, state: dict, gen: torch.Generator, rank: int,
+         keep: int) -> Path:
+    """Write checkpoint `step` atomically (every rank calls this)."""
+    root = run_dir / CKPT_DIR
+    final = root / f"{PREFIX}{step:08d}"
+    tmp = root / f".tmp-{PREFIX}{step:08d}"
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    _barrier()
+    for name, engine in engines.items():
+        if engine is not None:
+            engine.save_checkpoint(str(tmp / name), tag="ds", save_latest=False)
+    torch.save(rng_state(gen), tmp / f"rng-rank{rank}.pt")
+    _barrier()
+    if rank == 0:
+        (tmp / "state.json").write_text(json.dumps(state, indent=1, allow_nan=True))
+        files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+                 for p in sorted(tmp.rglob("*")) if p.is_file()}
+        manifest = {"step": step, "recipe_hash": state.get("recipe_hash"), "files": files}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        _fsync_tree(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _prune(root, keep)
+    _barrier()
+    return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    ckpts = sorted(p for p in root.glob(f"{PREFIX}*") if p.is_dir())
+    for old in ckpts[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def verify(path: Path) -> str | None:
+    """None when the checkpoint is complete and intact, else what is wrong."""
+    manifest = path / "manifest.json"
+    if not manifest.exists():
+        return "no manifest.json (written last: the save did not finish)"
+    try:
+        info = json.loads(manifest.read_text())
+    except json.JSONDecodeError as err:
+        return f"manifest.json unreadable: {err}"
+    for rel, meta in info.get("files", {}).items():
+        p = path / rel
+        if not p.exists():
+            return f"{rel} is missing"
+        if p.stat().st_size != meta["size"]:
+            return f"{rel} has {p.stat().st_size} bytes, expected {meta['size']} (truncated)"
+        if _sha256(p) != meta["sha256"]:
+            return f"{rel} checksum mismatch"
+    return None
+
+
+def find_resumable(run_dir: Path, log) -> Path | None:
+    """The newest valid checkpoint; broken ones are reported and skipped."""
+    root = run_dir / CKPT_DIR
+    for path in sorted((p for p in root.glob(f"{PREFIX}*") if p.is_dir()), reverse=True):
+        problem = verify(path)
+        if problem is None:
+            return path
+        log.warning("checkpoint %s is not usable: %s; trying the previous one", path, problem)
+    return None
+
+
+def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
+    """Restore engines and RNG from `path`; returns state.json's content."""
+    for name, engine in engines.items():
+        if engine is not None:
+            engine.load_checkpoint(str(path / name), tag="ds", load_optimizer_states=True,
+                                   load_lr_scheduler_states=True)
+    rng_file = path / f"rng-rank{rank}.pt"
+    if rng_file.exists():
+        set_rng_state(torch.load(rng_file, weights_only=True), gen)
+    return json.loads((path / "state.json").read_text())
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop metrics lines written after `step` (a killed run's lines past its checkpoint)."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                keep.append(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by the kill
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    os.replace(tmp, path)
+
+
+def export_hf(actor_engine, tokenizer, out_dir: Path, rank: int) -> None:
+    """The final policy as a `from_pretrained` directory (gathered from ZeRO-3 shards)."""
+    from ..engine.weights import full_state_dict
+
+    state = full_state_dict(actor_engine)  # every rank takes part in the gather
+    if rank != 0:
+        return
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    module = actor_engine.module
+    module.save_pretrained(tmp, state_dict={k: v.float() if v.is_floating_point() else v for k, v in state.items()},
+                           safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.rename(tmp, out_dir)

@@ -1,0 +1,263 @@
+"""`rltune train`: set up, resume, loop, checkpoint, export. The loop itself is in loop.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from pathlib import Path
+
+from ..recipe.schema import Recipe
+from .console import LOG, Progress, setup_logging
+
+EXIT_INTERRUPTED = 130
+
+
+class _Stop:
+    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint after the current step."""
+
+    def __init__(self):
+        self.signal = None
+
+    def __call__(self, signum, frame):
+        if self.signal is not None:  # second Ctrl-C: give up at once
+            raise KeyboardInterrupt
+        self.signal = signum
+        LOG.warning("received %s: finishing this step, saving a checkpoint, then exiting",
+                    signal.Signals(signum).name)
+
+
+def _write_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record, allow_nan=True) + "\n")
+
+
+def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_change: bool = False,
+          quiet: bool = False) -> int:
+    import torch
+    import yaml
+
+    from ..engine.distributed import init_distributed
+    from . import checkpoint as ckpt
+    from .faults import Faults
+    from .loop import apply_knobs, evaluate, initial_knobs, train_step
+    from .setup import TrainError, build
+
+    dist = init_distributed(recipe.trainer.device)
+    run_dir = Path(recipe.trainer.output_dir)
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    _barrier()
+    setup_logging(run_dir, "quiet" if quiet else recipe.logging.console, dist.is_main)
+    recipe_dict = recipe.model_dump(mode="json")
+    rhash = ckpt.recipe_hash({k: v for k, v in recipe_dict.items() if k != "trainer"} |
+                             {"trainer": {k: v for k, v in recipe_dict["trainer"].items()
+                                          if k not in ("max_steps", "save_every", "keep_checkpoints")}})
+
+    # resume: find the checkpoint and check the recipe before building anything heavy
+    resume_path = None
+    if resume != "never":
+        resume_path = Path(resume) if resume != "auto" else ckpt.find_resumable(run_dir, LOG)
+        if resume_path is not None and resume != "auto":
+            problem = ckpt.verify(resume_path)
+            if problem:
+                raise TrainError(f"checkpoint {resume_path} is not usable: {problem}")
+    if resume_path is not None:
+        saved = json.loads((resume_path / "state.json").read_text())
+        if saved.get("recipe_hash") != rhash:
+            changed = _changed_keys(saved.get("recipe", {}), recipe_dict)
+            if not allow_recipe_change:
+                raise TrainError(
+                    f"the recipe changed since checkpoint {resume_path.name}: {', '.join(changed) or 'unknown keys'}\n"
+                    "  fix: resume with the same recipe, pass --allow-recipe-change, or --resume never to start over")
+            LOG.warning("resuming with a changed recipe (--allow-recipe-change): %s", ", ".join(changed))
+
+    if dist.is_main:
+        (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe_dict, sort_keys=False))
+    c = build(recipe, dist, recipe_path.parent)
+    LOG.info("rollout engine: %s", getattr(c.rollout, "reason", c.rollout.name))
+    knobs = initial_knobs(c)
+    gen = torch.Generator().manual_seed((recipe.trainer.seed or 0) + 17)
+    monitor, tuner, sinks = _monitoring(recipe, run_dir, dist)
+    engines = {"actor": c.actor, "critic": c.critic}
+    metrics_path = run_dir / "metrics.jsonl"
+    start = 0
+    if resume_path is not None:
+        state = ckpt.load(resume_path, engines, gen, dist.rank)
+        start = int(state["step"])
+        _restore(c, knobs, monitor, tuner, state)
+        apply_knobs(c, knobs)
+        c.rollout.sync_weights(c.actor)
+        if dist.is_main:
+            ckpt.truncate_metrics(metrics_path, start)
+        LOG.info("resumed from %s at step %d", resume_path, start)
+    elif dist.is_main and metrics_path.exists():
+        metrics_path.unlink()  # a fresh run starts a fresh log
+    for name in ("events.jsonl",):
+        if dist.is_main and resume_path is None and (run_dir / name).exists():
+            (run_dir / name).unlink()
+
+    def save(step: int) -> None:
+        state = {"step": step, "recipe_hash": rhash, "recipe": recipe_dict, "kl_ctl": c.kl_ctl.state_dict(),
+                 "sampler": c.sampler.state_dict(), "rewards": c.rewards.state_dict(),
+                 "knobs": vars(knobs).copy(), "skipped_in_a_row": skipped_in_a_row,
+                 "eval_start": eval_start,
+                 "monitor": monitor.state_dict() if monitor is not None else None,
+                 "autotune": tuner.state_dict() if tuner is not None else None}
+        path = ckpt.save(run_dir, step, engines, state, gen, dist.rank, recipe.trainer.keep_checkpoints)
+        LOG.info("checkpoint saved: %s", path)
+
+    stop = _Stop()
+    old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    faults = Faults.from_env()
+    skipped_in_a_row = int(state.get("skipped_in_a_row", 0)) if resume_path is not None else 0
+    eval_start = state.get("eval_start") if resume_path is not None else None
+    r = recipe
+    if eval_start is None and c.eval_set is not None:
+        eval_start = evaluate(c)
+        LOG.info("eval before training: reward %.3f on %d held-out prompts", eval_start, len(c.eval_set))
+    progress = Progress(r.trainer.max_steps, start, enabled=dist.is_main and not quiet and r.logging.console == "rich")
+    step, exit_code = start, 0
+    try:
+        for step in range(start + 1, r.trainer.max_steps + 1):
+            m = train_step(c, step, knobs, gen, faults)
+            skipped = m.get("actor/skipped_updates", 0) + m.get("critic/skipped_updates", 0)
+            skipped_in_a_row = skipped_in_a_row + 1 if skipped else 0
+            m["health/skipped_steps"] = skipped_in_a_row
+            if skipped:
+                _warn_skipped(m, step)
+            if r.trainer.eval_every and (step % r.trainer.eval_every == 0 or step == r.trainer.max_steps) \
+                    and c.eval_set is not None:
+                m["eval/reward"] = evaluate(c)
+            events = monitor.observe(m) if monitor is not None else []
+            if tuner is not None:
+                for change in tuner.step(m, events):
+                    LOG.warning("%s", getattr(change, "message", change))
+                _sync_knobs_from_tuner(tuner, knobs)
+                apply_knobs(c, knobs)
+                m.update(_tuner_metrics(tuner))
+            if dist.is_main:
+                _write_jsonl(metrics_path, m)
+                for sink in sinks:
+                    sink.write(m)
+            if step % r.logging.log_every == 0:
+                LOG.info("[Rollout] step=%d avg_reward=%.4f kl=%.4f", step, m["reward/mean"], m["kl"])
+                LOG.info("Actor resharding time: %d ms", round(m["timing/sync_ms"]))
+            progress.update(step, m["reward/mean"], m["kl"])
+            if skipped_in_a_row >= r.health.max_skipped_steps:
+                LOG.error("stopping: %d steps in a row had a non-finite loss or gradient and were skipped; "
+                          "the weights are those of step %d. Likely causes: learning rate too high "
+                          "(actor.lr / critic.lr), broken reward normalisation, fp16 overflow.",
+                          skipped_in_a_row, step - skipped_in_a_row)
+                exit_code = 1
+                break
+            if r.trainer.save_every and step % r.trainer.save_every == 0 and step < r.trainer.max_steps:
+                save(step)
+            if stop.signal is not None:
+                save(step)
+                exit_code = EXIT_INTERRUPTED
+                break
+    finally:
+        progress.close()
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+        for sink in sinks:
+            sink.close()
+    if exit_code == EXIT_INTERRUPTED:
+        LOG.warning("interrupted at step %d; resume with: rltune train %s --resume auto", step, recipe_path)
+        return exit_code
+    if exit_code == 0:
+        save(step)
+        ckpt.export_hf(c.actor, c.tokenizer, run_dir / "final", dist.rank)
+        if c.eval_set is not None and eval_start is not None:
+            final = evaluate(c)
+            LOG.info("eval reward on %d held-out prompts: before %.3f -> after %.3f", len(c.eval_set),
+                     eval_start, final)
+            if dist.is_main:
+                (run_dir / "eval.json").write_text(json.dumps({"before": eval_start, "after": final}))
+        LOG.info("done: %s (final policy in %s)", run_dir, run_dir / "final")
+    return exit_code
+
+
+def _barrier():
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _changed_keys(a, b, prefix + k + ".")
+        elif a != b:
+            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
+    return out
+
+
+def _warn_skipped(m: dict, step: int) -> None:
+    if m.get("critic/skipped_updates"):
+        LOG.warning("Critic loss NaN at step %d: the critic update was skipped, weights untouched. "
+                    "Likely causes: critic.lr too high, reward normalisation broken.", step)
+    if m.get("actor/skipped_updates"):
+        LOG.warning("Actor loss or gradient non-finite at step %d: the actor update was skipped, weights "
+                    "untouched. Likely causes: actor.lr too high, fp16 overflow, extreme log-ratios.", step)
+
+
+def _monitoring(recipe, run_dir, dist):
+    """Health monitor, autotuner and trackers (rank 0 writes; every rank decides the same)."""
+    monitor = tuner = None
+    sinks = []
+    try:
+        from ..monitor.detectors import HealthMonitor
+
+        if recipe.health.enabled:
+            monitor = HealthMonitor(recipe, run_dir if dist.is_main else None)
+    except ImportError:
+        pass
+    try:
+        from ..monitor.autotune import AutoTuner
+
+        if recipe.autotune.enabled:
+            tuner = AutoTuner(recipe, run_dir if dist.is_main else None)
+    except ImportError:
+        pass
+    try:
+        from ..monitor.trackers import make_sinks
+
+        sinks = [s for s in make_sinks(recipe, run_dir, dist.rank) if type(s).__name__ != "JsonlSink"]
+    except ImportError:
+        pass
+    return monitor, tuner, sinks
+
+
+def _restore(c, knobs, monitor, tuner, state) -> None:
+    c.kl_ctl.load_state_dict(state["kl_ctl"])
+    c.sampler.load_state_dict(state["sampler"])
+    c.rewards.load_state_dict(state["rewards"])
+    for k, v in state["knobs"].items():
+        setattr(knobs, k, v)
+    if monitor is not None and state.get("monitor") is not None:
+        monitor.load_state_dict(state["monitor"])
+    if tuner is not None and state.get("autotune") is not None:
+        tuner.load_state_dict(state["autotune"])
+
+
+def _sync_knobs_from_tuner(tuner, knobs) -> None:
+    tk = tuner.knobs
+    for name in ("actor_lr", "critic_lr", "kl_coef", "clip_range", "entropy_coef"):
+        if hasattr(tk, name):
+            setattr(knobs, name, getattr(tk, name))
+
+
+def _tuner_metrics(tuner) -> dict:
+    if hasattr(tuner, "metrics"):
+        return tuner.metrics()
+    return {}
+
+
+__all__ = ["train", "EXIT_INTERRUPTED"]
+_ = (math, time)

@@ -1,0 +1,118 @@
+"""Build everything a run needs from a validated recipe: data, rewards, engines, rollout."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..data import PromptSampler, PromptSet, load_prompts
+from ..engine.distributed import DistInfo
+from ..recipe.schema import Recipe
+from .console import LOG
+from .prompts import uses_chat_template
+
+
+class TrainError(Exception):
+    """A run that cannot go on (message is user-facing)."""
+
+
+@dataclass
+class Components:
+    recipe: Recipe
+    dist: DistInfo
+    tokenizer: Any
+    train_set: PromptSet
+    eval_set: PromptSet | None
+    sampler: PromptSampler
+    rewards: Any            # RewardComputer
+    actor: Any              # DeepSpeed engine
+    critic: Any | None      # DeepSpeed engine (PPO)
+    reference: Any | None   # DeepSpeed engine (None when no KL is computed)
+    rollout: Any            # RolloutEngine
+    kl_ctl: Any
+
+
+def seed_everything(seed: int | None, rank: int) -> None:
+    import numpy as np
+    import torch
+
+    if seed is None:
+        return
+    s = seed + rank
+    random.seed(s)
+    np.random.seed(s % 2**32)
+    torch.manual_seed(s)
+
+
+def needs_reference(recipe: Recipe) -> bool:
+    return recipe.algorithm.kl.coef > 0 or recipe.algorithm.kl.target is not None or recipe.autotune.enabled
+
+
+def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path) -> Components:
+    import torch
+
+    from ..algo import make_kl_controller
+    from ..engine.roles import build_actor, build_critic, build_reference
+    from ..models.loading import load_causal_lm, load_tokenizer
+    from ..reward import RewardComputer
+
+    if recipe.trainer.threads:
+        torch.set_num_threads(recipe.trainer.threads)
+    seed = recipe.trainer.seed if recipe.trainer.seed is not None else random.randrange(2**31)
+    seed_everything(seed, dist.rank)
+
+    # tokenizer and data
+    tokenizer = load_tokenizer(recipe.model.tokenizer or recipe.model.policy)
+    chat = uses_chat_template(tokenizer, recipe.data)
+    d = recipe.data
+    train_set = load_prompts(_data_path(d.train, recipe_dir), d.prompt_key, size=d.builtin_size,
+                             digits=d.builtin_digits, seed=seed, split="train", chat=chat)
+    eval_set = None
+    if d.eval or (d.train.startswith("builtin:") and recipe.trainer.eval_every > 0):
+        spec = d.eval or d.train
+        eval_set = load_prompts(_data_path(spec, recipe_dir), d.prompt_key, size=d.eval_size,
+                                digits=d.builtin_digits, seed=seed, split="eval", chat=chat)
+    prompts_per_call = max(1, recipe.rollout.batch_size // recipe.algorithm.group_size // dist.world_size)
+    try:
+        sampler = PromptSampler(len(train_set), prompts_per_call, seed, d.shuffle, d.drop_last,
+                                dist.rank, dist.world_size)
+    except ValueError as err:
+        raise TrainError(f"data.train {d.train}: {err}") from err
+
+    # rewards (the only user code a recipe can run)
+    reward_model = None
+    if recipe.reward.model:
+        from ..reward.model import RewardModelScorer
+
+        reward_model = RewardModelScorer(recipe.reward.model, recipe.reward.max_length,
+                                         recipe.trainer.precision, dist.device)
+    rewards = RewardComputer(recipe.reward, recipe_dir, reward_model, LOG)
+
+    # engines: one deepspeed.initialize per role
+    total_updates = recipe.trainer.max_steps * recipe.train.ppo_epochs
+    actor = build_actor(recipe, dist.device, total_updates)
+    critic = build_critic(recipe, dist.device, total_updates) if recipe.has_critic else None
+    reference = build_reference(recipe, dist.device) if needs_reference(recipe) else None
+
+    # rollout engine (its own copy of the policy, synced from the actor after every update)
+    from ..rollout import make_rollout
+
+    rollout = make_rollout(recipe, lambda: load_causal_lm(
+        recipe.model.policy, recipe.trainer.precision if dist.device != "cpu" else "fp32",
+        recipe.model.attn_implementation, dist.device), tokenizer, dist.device)
+    rollout.sync_weights(actor)
+
+    kl = recipe.algorithm.kl
+    kl_ctl = make_kl_controller(kl.coef, kl.target, kl.horizon)
+    return Components(recipe, dist, tokenizer, train_set, eval_set, sampler, rewards, actor, critic,
+                      reference, rollout, kl_ctl)
+
+
+def _data_path(spec: str, recipe_dir: Path) -> str:
+    if spec.startswith("builtin:") or os.path.isabs(spec) or os.path.exists(spec):
+        return spec
+    candidate = recipe_dir / spec
+    return str(candidate) if candidate.exists() else spec
