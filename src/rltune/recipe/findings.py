@@ -84,7 +84,8 @@ _GH_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
 
 def format_text_line(f: Finding) -> tuple[str, str]:
     """(`file:line:col: severity rule: message`, `    fix: ...`)."""
-    head = f"{f.file}:{f.line}:{f.column}: {f.severity} {f.label}: {f.message}"
+    where = f"{f.file}:{f.line}:{f.column}" if f.line else f"{f.file}"
+    head = f"{where}: {f.severity} {f.label}: {f.message}"
     return head, (f"    fix: {f.fix}" if f.fix else "")
 
 

@@ -19,7 +19,6 @@ from rltune.recipe.presets import deep_merge, load_preset_with_locs, unknown_pre
 from rltune.recipe.schema import Recipe
 from rltune.recipe.yamlio import parse_value, parse_yaml
 
-OVERRIDE_FILE = "<override>"
 _KEY_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*$")
 
 # example values for the fix of a missing required key
@@ -255,11 +254,6 @@ def _load(text: str, source: str, overrides: Iterable[str] = (), extra_presets: 
         key, value = parse_override(text_)
         _set_path(data, key, value, text_)
         res.overrides[key] = text_
-        parts = key.split(".")
-        for j in range(1, len(parts) + 1):
-            p = ".".join(parts[:j])
-            if p not in res.locs:
-                res.locs[p] = (OVERRIDE_FILE, i, 1)
         # the key itself (and anything under it) now comes from the command line
         for p in [q for q in res.origins if q == key or q.startswith(key + ".")]:
             res.origins[p] = "override"
