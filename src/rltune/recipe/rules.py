@@ -111,7 +111,7 @@ def lr_order(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
         yield Hit("critic.lr",
                   f"actor.lr {num(a)} {rel} critic.lr {num(c)}: the critic must learn faster than the actor, "
                   f"else {RULES['lr-order'].why}",
-                  f"set critic.lr: {num(a * CRITIC_LR_FACTOR)} ({num(CRITIC_LR_FACTOR)} x actor.lr)")
+                  f"set critic.lr: {num(a * CRITIC_LR_FACTOR)} ({CRITIC_LR_FACTOR:g} x actor.lr)")
 
 
 @rule("lr-ratio", "error", "PPO: critic.lr > 5 x actor.lr",
@@ -122,9 +122,9 @@ def lr_ratio(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     a, c = r.actor.lr, r.critic.lr
     if c > CRITIC_LR_MAX_FACTOR * a * (1 + 1e-9):
         yield Hit("critic.lr",
-                  f"critic.lr {num(c)} is {c / a:.3g} x actor.lr {num(a)} (max {num(CRITIC_LR_MAX_FACTOR)} x): "
+                  f"critic.lr {num(c)} is {c / a:.3g} x actor.lr {num(a)} (max {CRITIC_LR_MAX_FACTOR:g} x): "
                   f"{RULES['lr-ratio'].why}",
-                  f"set critic.lr: {num(a * CRITIC_LR_FACTOR)} ({num(CRITIC_LR_FACTOR)} x actor.lr)")
+                  f"set critic.lr: {num(a * CRITIC_LR_FACTOR)} ({CRITIC_LR_FACTOR:g} x actor.lr)")
 
 
 @rule("actor-lr-range", "warning", "actor.lr outside [1e-7, 5e-6]",
