@@ -1,0 +1,208 @@
+"""The `rltune` command line: a thin Typer app.
+
+Each command's body lives in `rltune.commands.<name>` and is imported inside the command
+function, so `rltune validate` never pays for what `rltune train` needs (no torch here).
+`main()` turns any exception into a one-paragraph message (exit 2 for input errors, 1
+otherwise) unless RLTUNE_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional
+
+import typer
+
+from rltune.errors import UserError
+
+app = typer.Typer(
+    name="rltune",
+    help="Declarative RL post-training (PPO, GRPO, RLOO, REINFORCE++) for language models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# ------------------------------------------------------------------ config half (no torch)
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def validate(
+    recipes: List[str] = typer.Argument(..., metavar="RECIPE... [KEY=VALUE...]",
+                                        help="Recipe files; trailing key=value args are overrides."),
+    strict: bool = typer.Option(False, "--strict", help="Treat warnings as errors."),
+    fmt: str = typer.Option("text", "--format", "-f", help="Output: text | json | github."),
+    overrides: Optional[List[str]] = typer.Option(None, "--set", "-o", metavar="KEY=VALUE",
+                                                  help="Override a key, e.g. -o actor.lr=2e-6 (repeatable)."),
+) -> None:
+    """Lint recipes against the schema and the tuning playbook (exit 0 ok, 1 errors, 2 unreadable)."""
+    from rltune.commands.validate import run
+
+    raise typer.Exit(run(recipes, overrides or [], strict=strict, fmt=fmt))
+
+
+presets_app = typer.Typer(help="Stage and hardware presets: list, show, apply.", no_args_is_help=False,
+                          invoke_without_command=True)
+app.add_typer(presets_app, name="presets")
+
+
+@presets_app.callback()
+def _presets(ctx: typer.Context) -> None:
+    """Stage (cold-start, acceleration, anti-overfit) and hardware presets."""
+    if ctx.invoked_subcommand is None:
+        from rltune.commands.presets import run_list
+
+        raise typer.Exit(run_list())
+
+
+@presets_app.command("list")
+def presets_list() -> None:
+    """List presets with when to use each."""
+    from rltune.commands.presets import run_list
+
+    raise typer.Exit(run_list())
+
+
+@presets_app.command("show")
+def presets_show(name: str = typer.Argument(..., help="Preset name.")) -> None:
+    """Print a preset's YAML."""
+    from rltune.commands.presets import run_show
+
+    raise typer.Exit(run_show(name))
+
+
+@presets_app.command("apply")
+def presets_apply(
+    name: str = typer.Argument(..., help="Preset name."),
+    recipe: str = typer.Argument(..., help="Recipe file to apply it to."),
+    out: Optional[str] = typer.Option(None, "--output", "-o", help="Write the merged recipe here (default: stdout)."),
+) -> None:
+    """Write RECIPE with the preset's values applied (they win), keeping comments; show what changed."""
+    from rltune.commands.presets import run_apply
+
+    raise typer.Exit(run_apply(name, recipe, out))
+
+
+@app.command()
+def schema(
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+) -> None:
+    """Print the recipe's JSON Schema (for yaml-language-server and editors)."""
+    from rltune.commands.schema import run
+
+    raise typer.Exit(run(output))
+
+
+# ------------------------------------------------------------------ training half
+# `train`, `diagnose`, `plot`, `doctor` are added here the same way: a thin function that
+# imports `rltune.commands.<name>` inside its body and raises typer.Exit(code).
+
+
+# ------------------------------------------------------------------ fast path
+# Building the Typer app and its pydantic-based parameter adapters costs ~0.1 s, a third of
+# `rltune validate`'s budget. For the config commands, a plain argparse mirror of the options
+# above runs the same command bodies; anything it does not recognise (help, a usage error,
+# another command) falls through to Typer, which stays the one place that documents the CLI.
+
+
+class _FallBack(Exception):
+    pass
+
+
+def _fast(argv: List[str]) -> Optional[int]:
+    if not argv or argv[0] not in ("validate", "presets", "schema"):
+        return None
+    if any(a in ("-h", "--help") or a.startswith("--help") for a in argv):
+        return None
+    import argparse
+
+    class P(argparse.ArgumentParser):
+        def error(self, message):  # let Typer produce the usage error
+            raise _FallBack(message)
+
+        def exit(self, status=0, message=None):
+            raise _FallBack(message)
+
+    cmd, rest = argv[0], argv[1:]
+    # pydantic scans every installed distribution for plugins on first use (~25 ms here);
+    # no plugin has anything to do while linting a recipe
+    saved = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
+    os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
+    try:
+        if cmd == "validate":
+            p = P(add_help=False)
+            p.add_argument("recipes", nargs="+")
+            p.add_argument("--strict", action="store_true")
+            p.add_argument("--format", "-f", dest="fmt", default="text")
+            p.add_argument("--set", "-o", dest="overrides", action="append", default=[])
+            a = p.parse_intermixed_args(rest)
+            from rltune.commands.validate import run
+
+            return run(a.recipes, a.overrides, strict=a.strict, fmt=a.fmt)
+        if cmd == "schema":
+            p = P(add_help=False)
+            p.add_argument("--output", "-o", default=None)
+            a = p.parse_args(rest)
+            from rltune.commands.schema import run
+
+            return run(a.output)
+        # presets
+        from rltune.commands import presets as pc
+
+        if not rest or rest == ["list"]:
+            return pc.run_list()
+        if rest[0] == "show" and len(rest) == 2:
+            return pc.run_show(rest[1])
+        if rest[0] == "apply":
+            p = P(add_help=False)
+            p.add_argument("name")
+            p.add_argument("recipe")
+            p.add_argument("--output", "-o", default=None)
+            a = p.parse_intermixed_args(rest[1:])
+            return pc.run_apply(a.name, a.recipe, a.output)
+    except _FallBack:
+        return None
+    finally:
+        if saved is None:
+            os.environ.pop("PYDANTIC_DISABLE_PLUGINS", None)
+        else:
+            os.environ["PYDANTIC_DISABLE_PLUGINS"] = saved
+    return None
+
+
+# ------------------------------------------------------------------ entry point
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Console script `rltune`."""
+    debug = os.environ.get("RLTUNE_DEBUG", "") not in ("", "0")
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = _fast(args)
+        if code is not None:
+            sys.exit(code)
+        app(args=args, prog_name="rltune")
+    except SystemExit:
+        raise
+    except UserError as e:
+        if debug:
+            raise
+        print(f"rltune: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("rltune: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - the one place that turns bugs into a message
+        if debug:
+            raise
+        msg = str(e) or type(e).__name__
+        print(f"rltune: error: {type(e).__name__}: {msg}\n"
+              "  this is probably a bug in rltune; rerun with RLTUNE_DEBUG=1 for a traceback and report it",
+              file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""`rltune validate RECIPE... [--strict] [--format text|json|github] [-o key=value ...]`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import List
+
+from rltune.errors import RecipeInputError
+from rltune.recipe.findings import FORMATS, Finding, count, format_findings, format_text_line
+
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def split_args(args: List[str]) -> tuple:
+    """Recipe paths and trailing `key=value` overrides (an existing file named a=b stays a file)."""
+    files, overrides = [], []
+    for a in args:
+        if "=" in a and not os.path.exists(a):
+            overrides.append(a)
+        else:
+            files.append(a)
+    return files, overrides
+
+
+def input_finding(e: RecipeInputError, path: str) -> Finding:
+    return Finding(file=e.file or path, line=e.line or 0, column=e.column or 0, rule="input",
+                   severity="error", path="", message=e.problem, fix=e.fix or "")
+
+
+def _use_color() -> bool:
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+class _Out:
+    def __init__(self, color: bool):
+        self.console = None
+        if color:
+            from rich.console import Console
+
+            self.console = Console(highlight=False, soft_wrap=True)
+
+    def finding(self, f: Finding) -> None:
+        head, fix = format_text_line(f)
+        if self.console is None:
+            print(head)
+            if fix:
+                print(fix)
+            return
+        from rich.markup import escape
+        from rich.text import Text
+
+        t = Text()
+        t.append((f"{f.file}:{f.line}:{f.column}: " if f.line else f"{f.file}: "), style="bold")
+        t.append(f.severity, style=_STYLE.get(f.severity, ""))
+        t.append(f" {f.label}", style="dim" if f.waived else "bold")
+        t.append(f": {f.message}")
+        self.console.print(t)
+        if fix:
+            self.console.print(f"    [green]fix:[/green] {escape(f.fix)}")
+
+    def line(self, s: str = "", style: str = "") -> None:
+        if self.console is None:
+            print(s)
+        else:
+            from rich.markup import escape
+
+            self.console.print(f"[{style}]{escape(s)}[/{style}]" if style else escape(s))
+
+
+def plan_lines(recipe) -> list:
+    from rltune.recipe.schema import batch_plan
+
+    p = batch_plan(recipe)
+    w = recipe.trainer.nproc * recipe.trainer.nnodes
+    tb, rb, mb = recipe.train.batch_size, recipe.rollout.batch_size, recipe.train.micro_batch_size
+    per_rank = tb // w if w else tb
+    micro = max(1, per_rank // mb)
+    lines = [
+        f"batch plan: {recipe.algorithm.name}, world size {w}",
+        f"  one step    {p['generation_calls_per_step']} generation call(s) x {rb} sequences "
+        f"({p['prompts_per_generation_call']} prompts x {p['samples_per_prompt']} samples) = {p['sequences_per_step']} sequences",
+        f"  one update  {tb} sequences = {w} rank(s) x {micro} micro-batch(es) of {mb}"
+        + (" (gradient accumulation)" if micro > 1 else ""),
+        f"  per step    {p['optimizer_updates_per_step']} optimizer update(s) ({p['ppo_epochs']} ppo epoch(s))",
+        f"  ratio       train/rollout = {tb}/{rb} = {tb / rb:.3g} (golden ratio 4-8)",
+    ]
+    return lines
+
+
+def run(args: List[str], overrides: List[str], *, strict: bool = False, fmt: str = "text") -> int:
+    from rltune.recipe.api import check
+
+    if fmt not in FORMATS:
+        print(f"rltune validate: unknown --format {fmt!r}; use one of: {', '.join(FORMATS)}", file=sys.stderr)
+        return 2
+    files, trailing = split_args(args)
+    overrides = list(overrides) + trailing
+    if not files:
+        print("rltune validate: no recipe file given\n  fix: rltune validate recipes/minimal.yaml [key=value ...]",
+              file=sys.stderr)
+        return 2
+    out = _Out(fmt == "text" and _use_color())
+    all_findings: list = []
+    unreadable = errors = False
+    for i, path in enumerate(files):
+        try:
+            recipe, findings = check(path, overrides, strict=strict)
+        except RecipeInputError as e:
+            unreadable = True
+            f = input_finding(e, path)
+            all_findings.append(f)
+            if fmt == "text":
+                if i:
+                    out.line()
+                out.finding(f)
+                out.line(f"{path}: cannot be read (exit 2)", "bold red")
+            continue
+        all_findings.extend(findings)
+        c = count(findings)
+        errors = errors or c["error"] > 0
+        if fmt != "text":
+            continue
+        if i:
+            out.line()
+        for f in findings:
+            out.finding(f)
+        if recipe is not None:
+            if findings:
+                out.line()
+            for ln in plan_lines(recipe):
+                out.line(ln, "dim")
+        status = "FAILED" if c["error"] else "ok"
+        out.line(f"{path}: {status} — {c['error']} error(s), {c['warning']} warning(s), {c['info']} info"
+                 + (" (--strict)" if strict else ""),
+                 "bold red" if c["error"] else ("yellow" if c["warning"] else "green"))
+    if fmt == "json":
+        print(format_findings(all_findings, "json"))
+    elif fmt == "github":
+        text = format_findings(all_findings, "github")
+        if text:
+            print(text)
+    return 2 if unreadable else (1 if errors else 0)

@@ -1,0 +1,445 @@
+"""Lint rules: the tuning playbook (DESIGN.md §4) as small named functions.
+
+Each rule has an id, a default severity, the condition it checks and why (the field evidence).
+A rule function takes the validated Recipe and a Ctx and yields Hits: the dotted key, the
+message with the numbers it saw, and a fix that names the new value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Optional
+
+from rltune.recipe.schema import CRITIC_ALGOS, GROUP_ALGOS, Recipe
+
+# playbook bounds (autotune must never move a knob outside them either)
+ACTOR_LR_RANGE = (1e-7, 5e-6)
+ACTOR_LR_START = 1e-6
+CRITIC_LR_FACTOR = 3.0
+CRITIC_LR_MAX_FACTOR = 5.0
+BATCH_RATIO = (4, 8)
+BATCH_RATIO_ERROR = 10
+KL_RANGE = (0.01, 0.1)
+KL_START = 0.05
+CLIP_RANGE = (0.1, 0.3)
+CLIP_START = 0.2
+GRAD_CLIP_MAX = 5.0
+GRAD_CLIP_START = 1.0
+WARMUP_START = 10
+
+
+@dataclass
+class Hit:
+    path: str
+    message: str
+    fix: str
+    severity: Optional[str] = None  # None = the rule's default
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: str
+    condition: str
+    why: str
+    fn: Callable
+
+
+RULES: dict = {}
+
+
+def rule(id: str, severity: str, condition: str, why: str):
+    def deco(fn):
+        RULES[id] = Rule(id, severity, condition, why, fn)
+        return fn
+    return deco
+
+
+class Ctx:
+    """What a rule may ask beyond the recipe: was a key written by the user?"""
+
+    def __init__(self, result=None):
+        self.result = result
+
+    def user_set(self, recipe: Recipe, path: str) -> bool:
+        if self.result is not None:
+            return self.result.user_set(path)
+        # no load result: fall back to pydantic's fields_set
+        obj = recipe
+        for p in path.split("."):
+            if p not in getattr(obj, "model_fields_set", ()):
+                return False
+            obj = getattr(obj, p)
+        return True
+
+
+def num(x) -> str:
+    """A compact number that round-trips: 3.0e-06, 0.05, 64."""
+    if isinstance(x, bool) or x is None:
+        return str(x)
+    if isinstance(x, int):
+        return str(x)
+    x = float(x)
+    if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
+        for prec in range(1, 8):
+            s = f"{x:.{prec}e}"
+            if abs(float(s) - x) <= 1e-12 * abs(x):
+                return s
+        return f"{x:.8e}"
+    s = f"{x:g}"
+    return s if any(c in s for c in ".en") else s + ".0"
+
+
+def world(r: Recipe) -> int:
+    return r.trainer.nproc * r.trainer.nnodes
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# ---------------------------------------------------------------- learning rates
+
+@rule("lr-order", "error", "PPO: actor.lr >= critic.lr",
+      "critic error becomes actor gradient noise; equal rates gave periodic reward oscillation after epoch 3")
+def lr_order(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    if not r.has_critic:
+        return
+    a, c = r.actor.lr, r.critic.lr
+    if a >= c:
+        rel = "equals" if a == c else "is above"
+        yield Hit("critic.lr",
+                  f"actor.lr {num(a)} {rel} critic.lr {num(c)}: the critic must learn faster than the actor, "
+                  f"else {RULES['lr-order'].why}",
+                  f"set critic.lr: {num(a * CRITIC_LR_FACTOR)} ({CRITIC_LR_FACTOR:g} x actor.lr)")
+
+
+@rule("lr-ratio", "error", "PPO: critic.lr > 5 x actor.lr",
+      "the critic may be faster than the actor, not more than 5x: a racing value model overfits each batch and its error feeds the advantages")
+def lr_ratio(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    if not r.has_critic:
+        return
+    a, c = r.actor.lr, r.critic.lr
+    if c > CRITIC_LR_MAX_FACTOR * a * (1 + 1e-9):
+        yield Hit("critic.lr",
+                  f"critic.lr {num(c)} is {c / a:.3g} x actor.lr {num(a)} (max {CRITIC_LR_MAX_FACTOR:g} x): "
+                  f"{RULES['lr-ratio'].why}",
+                  f"set critic.lr: {num(a * CRITIC_LR_FACTOR)} ({CRITIC_LR_FACTOR:g} x actor.lr)")
+
+
+@rule("actor-lr-range", "warning", "actor.lr outside [1e-7, 5e-6]",
+      "actor lr 1e-5 made reward swing ±25% and KL climb 0.3 -> 1.2; 5e-7..1e-6 kept swings at ±8%")
+def actor_lr_range(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    a = r.actor.lr
+    lo, hi = ACTOR_LR_RANGE
+    if a < lo or a > hi:
+        side = "above" if a > hi else "below"
+        effect = ("reward oscillates and KL runs away" if a > hi
+                  else "the policy barely moves: reward stays flat for many steps")
+        fix = f"set actor.lr: {num(ACTOR_LR_START)} (the playbook's start)"
+        if r.has_critic:
+            fix += f" and critic.lr: {num(ACTOR_LR_START * CRITIC_LR_FACTOR)}"
+        yield Hit("actor.lr",
+                  f"actor.lr {num(a)} is {side} the playbook range [{num(lo)}, {num(hi)}]: {effect} "
+                  f"(field case: {RULES['actor-lr-range'].why})", fix)
+
+
+# ---------------------------------------------------------------- batches
+
+def _good_train_sizes(r: Recipe) -> list[int]:
+    """train.batch_size values with a golden ratio that keep every divisibility rule."""
+    rb, mb, w = r.rollout.batch_size, r.train.micro_batch_size, world(r)
+    out = []
+    for k in range(BATCH_RATIO[0], BATCH_RATIO[1] + 1):
+        t = rb * k
+        if t % w == 0 and (t // w) % mb == 0:
+            out.append(t)
+    return out
+
+
+def _good_rollout_sizes(r: Recipe) -> list[int]:
+    """rollout.batch_size values with a golden ratio that keep every divisibility rule."""
+    tb, g, w = r.train.batch_size, r.algorithm.group_size, world(r)
+    out = []
+    for d in _divisors(tb):
+        if not (BATCH_RATIO[0] <= tb // d <= BATCH_RATIO[1]):
+            continue
+        if d % g or d % w or (r.algorithm.name in GROUP_ALGOS and (d // g) % w):
+            continue
+        out.append(d)
+    return out
+
+
+@rule("batch-ratio-low", "warning", "train.batch_size / rollout.batch_size < 4",
+      "few generation calls per update means a noisy gradient; raising the ratio 2 -> 6 gave 3.2x faster reward convergence")
+def batch_ratio_low(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    ratio = r.train.batch_size / r.rollout.batch_size
+    if ratio < BATCH_RATIO[0]:
+        good = _good_train_sizes(r)
+        if good:
+            fix = f"set train.batch_size: {good[0]} ({good[0] // r.rollout.batch_size} x rollout.batch_size)"
+        else:
+            fix = f"set train.batch_size: {r.rollout.batch_size * BATCH_RATIO[0]} (4 x rollout.batch_size)"
+        lower = [d for d in _good_rollout_sizes(r)]
+        if lower:
+            fix += f", or lower rollout.batch_size to {max(lower)}"
+        yield Hit("train.batch_size",
+                  f"train.batch_size / rollout.batch_size = {r.train.batch_size}/{r.rollout.batch_size} = {ratio:.3g}, "
+                  f"below the golden ratio 4-8: {RULES['batch-ratio-low'].why}", fix)
+
+
+@rule("batch-ratio-high", "warning", "train.batch_size / rollout.batch_size > 8 (error > 10)",
+      "one update waits for many generation calls: stale rollouts and a lagging reward signal (rollout 16 -> 32 with train 128 lifted a stalled reward 2.1 -> 2.7)")
+def batch_ratio_high(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    ratio = r.train.batch_size / r.rollout.batch_size
+    if ratio > BATCH_RATIO[1]:
+        sev = "error" if ratio > BATCH_RATIO_ERROR else None
+        good = _good_rollout_sizes(r)
+        if good:
+            fix = f"set rollout.batch_size: {min(good)} (ratio {r.train.batch_size // min(good)})"
+        else:
+            fix = f"set train.batch_size: {r.rollout.batch_size * BATCH_RATIO[1]} (8 x rollout.batch_size)"
+        yield Hit("train.batch_size",
+                  f"train.batch_size / rollout.batch_size = {r.train.batch_size}/{r.rollout.batch_size} = {ratio:.3g}, "
+                  f"above the golden ratio 4-8{' (error above 10)' if sev else ''}: {RULES['batch-ratio-high'].why}",
+                  fix, severity=sev)
+
+
+@rule("divisibility", "error",
+      "train.batch_size not divisible by rollout.batch_size or by micro_batch_size x world size; "
+      "rollout.batch_size not divisible by group_size or world size",
+      "a remainder is silently dropped or padded: uneven ranks hang collectives and partial groups get wrong advantages")
+def divisibility(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    tb, rb, mb, g, w = (r.train.batch_size, r.rollout.batch_size, r.train.micro_batch_size,
+                        r.algorithm.group_size, world(r))
+    wtxt = f"world size {w} (trainer.nproc {r.trainer.nproc} x nnodes {r.trainer.nnodes})"
+    if rb % g:
+        new = max(g, round(rb / g) * g)
+        yield Hit("rollout.batch_size",
+                  f"rollout.batch_size {rb} is not a multiple of algorithm.group_size {g}: batches must hold whole groups "
+                  f"(each prompt gets {g} samples)", f"set rollout.batch_size: {new}")
+    if rb % w:
+        yield Hit("rollout.batch_size", f"rollout.batch_size {rb} is not divisible by the {wtxt}: ranks would generate unequal shares",
+                  f"set rollout.batch_size: {max(w, round(rb / w) * w)}")
+    elif r.algorithm.name in GROUP_ALGOS and rb % g == 0 and (rb // g) % w:
+        yield Hit("rollout.batch_size",
+                  f"rollout.batch_size {rb} holds {rb // g} prompts x {g} samples; {rb // g} prompts do not split over the {wtxt}, "
+                  "so a group would straddle two ranks", f"set rollout.batch_size: {g * w * max(1, round(rb / (g * w)))}")
+    if tb % rb:
+        yield Hit("train.batch_size",
+                  f"train.batch_size {tb} is not a multiple of rollout.batch_size {rb}: one step gathers whole generation calls",
+                  f"set train.batch_size: {max(rb, round(tb / rb) * rb)}")
+    if tb % mb:
+        yield Hit("train.micro_batch_size",
+                  f"train.batch_size {tb} is not divisible by train.micro_batch_size {mb}: gradient accumulation needs whole micro-batches",
+                  f"set train.micro_batch_size: {max(d for d in _divisors(tb) if d <= mb)}")
+    elif tb % w:
+        yield Hit("train.batch_size", f"train.batch_size {tb} is not divisible by the {wtxt}",
+                  f"set train.batch_size: {max(w, round(tb / w) * w)}")
+    elif (tb // w) % mb:
+        share = tb // w
+        yield Hit("train.micro_batch_size",
+                  f"each of {w} ranks trains on train.batch_size/{w} = {share} sequences per update, not a multiple of "
+                  f"train.micro_batch_size {mb} (micro batches are per rank)",
+                  f"set train.micro_batch_size: {max(d for d in _divisors(share) if d <= mb)}")
+
+
+@rule("group-size", "error", "GRPO/RLOO with algorithm.group_size < 2",
+      "a group of one has zero advantage (its reward minus its own mean): the policy never moves")
+def group_size(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    if r.algorithm.name in GROUP_ALGOS and r.algorithm.group_size < 2:
+        yield Hit("algorithm.group_size",
+                  f"{r.algorithm.name} with algorithm.group_size {r.algorithm.group_size}: {RULES['group-size'].why}",
+                  "set algorithm.group_size: 4 (and keep rollout.batch_size a multiple of it)")
+
+
+# ---------------------------------------------------------------- regularisation
+
+@rule("kl-range", "warning", "algorithm.kl.coef outside [0.01, 0.1]",
+      "too high and the policy collapses onto safe stock phrases (the \"I understand\" parrot); too low and it drifts from the reference into reward hacking")
+def kl_range(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    c = r.algorithm.kl.coef
+    lo, hi = KL_RANGE
+    if c > hi:
+        why = "too high: the policy collapses onto safe stock phrases (the \"I understand\" parrot); field case: kl 0.1 -> 0.03 steadied KL at 0.45"
+    elif c == 0:
+        why = "no KL penalty at all: nothing holds the policy near the reference, it drifts into reward hacking"
+    elif c < lo:
+        why = "too low: the policy drifts from the reference into reward hacking"
+    else:
+        return
+    yield Hit("algorithm.kl.coef", f"algorithm.kl.coef {num(c)} is outside [{num(lo)}, {num(hi)}]: {why}",
+              f"set algorithm.kl.coef: {num(KL_START)}")
+
+
+@rule("clip-range", "warning", "algorithm.clip_range outside [0.1, 0.3] (error if <= 0 or >= 1)",
+      "a wide clip lets one batch move the policy far (spikes); a narrow one makes it too conservative (clip 0.1 -> 0.15 lifted the human score 3.9 -> 4.2)")
+def clip_range(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    lo, hi = CLIP_RANGE
+    for path in ("algorithm.clip_range", "algorithm.clip_range_high"):
+        v = getattr(r.algorithm, path.rsplit(".", 1)[1])
+        if v is None:
+            continue
+        if v <= 0 or v >= 1:
+            yield Hit(path, f"{path} {num(v)} must be in (0, 1)", f"set {path}: {num(CLIP_START)}", severity="error")
+        elif v < lo:
+            yield Hit(path, f"{path} {num(v)} is below [{num(lo)}, {num(hi)}]: updates become so small the policy is over-conservative "
+                            "(field case: clip 0.1 -> 0.15 lifted the human score 3.9 -> 4.2)", f"set {path}: 0.15")
+        elif v > hi:
+            yield Hit(path, f"{path} {num(v)} is above [{num(lo)}, {num(hi)}]: one batch can move the policy far, KL and grad-norm spikes follow",
+                      f"set {path}: {num(CLIP_START)}")
+    h = r.algorithm.clip_range_high
+    if h is not None and h < r.algorithm.clip_range:
+        yield Hit("algorithm.clip_range_high",
+                  f"algorithm.clip_range_high {num(h)} is below algorithm.clip_range {num(r.algorithm.clip_range)}: clip-higher "
+                  "should widen the upper side, not narrow it", f"set algorithm.clip_range_high: {num(r.algorithm.clip_range)} or remove it")
+
+
+# ---------------------------------------------------------------- stability
+
+def _roles(r: Recipe):
+    yield "actor", r.actor
+    if r.has_critic:
+        yield "critic", r.critic
+
+
+@rule("grad-clip", "warning", "actor/critic grad_clip unset (None) or > 5",
+      "without clipping, one bad batch gives a grad-norm spike that the reward curve only shows later")
+def grad_clip(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    for role, cfg in _roles(r):
+        g = cfg.grad_clip
+        if g is None:
+            yield Hit(f"{role}.grad_clip", f"{role}.grad_clip is off: {RULES['grad-clip'].why}",
+                      f"set {role}.grad_clip: {num(GRAD_CLIP_START)} (0.5-1.0)")
+        elif g > GRAD_CLIP_MAX:
+            yield Hit(f"{role}.grad_clip", f"{role}.grad_clip {num(g)} > {num(GRAD_CLIP_MAX)} clips almost nothing: {RULES['grad-clip'].why}",
+                      f"set {role}.grad_clip: {num(GRAD_CLIP_START)} (0.5-1.0)")
+
+
+@rule("warmup", "warning", "actor/critic warmup_steps == 0",
+      "the first updates at full lr hit a fresh value head and unnormalised advantages: early KL and grad-norm spikes")
+def warmup(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    for role, cfg in _roles(r):
+        if cfg.warmup_steps == 0:
+            yield Hit(f"{role}.warmup_steps", f"{role}.warmup_steps is 0 (no lr warmup): {RULES['warmup'].why}",
+                      f"set {role}.warmup_steps: {min(WARMUP_START, max(1, r.trainer.max_steps // 10))}")
+
+
+@rule("precision", "warning", "trainer.precision == fp16",
+      "fp16's narrow range overflows in the ratio and KL terms: loss and KL spikes; bf16 keeps fp32's range")
+def precision(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    if r.trainer.precision == "fp16":
+        yield Hit("trainer.precision", f"trainer.precision fp16: {RULES['precision'].why}",
+                  "set trainer.precision: bf16 (Ampere or newer GPUs) or fp32")
+
+
+@rule("seed", "warning", "trainer.seed unset (None)",
+      "a run you cannot repeat cannot be debugged: the seed drives python, numpy, torch and the prompt sampler (shuffle, drop_last)")
+def seed(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    if r.trainer.seed is None:
+        yield Hit("trainer.seed", f"trainer.seed is unset: {RULES['seed'].why}", "set trainer.seed: 42")
+
+
+# ---------------------------------------------------------------- placement
+
+@rule("device-mesh", "error",
+      "device_mesh not a list of device ids, empty, ids out of range of the world size, or duplicated",
+      "a wrong mesh silently piles a role onto one card (the \"cuda:0\" typo put the whole critic on one GPU and halved throughput)")
+def device_mesh(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    w = world(r)
+    meshes = {}
+    for role, cfg in (("actor", r.actor), ("critic", r.critic)):
+        mesh = cfg.device_mesh
+        if mesh is None or (role == "critic" and not r.has_critic):
+            continue
+        path = f"{role}.device_mesh"
+        meshes[role] = mesh
+        if len(mesh) == 0:
+            yield Hit(path, f"{path} is an empty list: the {role} would run nowhere",
+                      f"remove {path} (= all ranks) or list ids, e.g. {list(range(w))}")
+            continue
+        bad = [d for d in mesh if d < 0 or d >= w]
+        if bad:
+            yield Hit(path, f"{path} has ids {bad} outside 0..{w - 1} (world size {w} = trainer.nproc x trainer.nnodes)",
+                      f"use ids in 0..{w - 1}, e.g. {path}: {list(range(w))}, or raise trainer.nproc")
+        dup = sorted({d for d in mesh if mesh.count(d) > 1})
+        if dup:
+            yield Hit(path, f"{path} lists ids {dup} more than once: one rank would host two copies of the {role}",
+                      f"set {path}: {sorted(set(d for d in mesh if 0 <= d < w))}")
+    if "actor" in meshes and "critic" in meshes and meshes["actor"] and meshes["critic"]:
+        shared = sorted(set(meshes["actor"]) & set(meshes["critic"]))
+        if shared:
+            yield Hit("critic.device_mesh",
+                      f"actor and critic share devices {shared}: fine here, rltune colocates roles and offloads between phases",
+                      "nothing to do; give them disjoint meshes only if memory runs out", severity="info")
+
+
+# ---------------------------------------------------------------- lengths and rewards
+
+@rule("reward-length", "error", "reward.model set and reward.max_length < data.max_prompt_length + rollout.max_new_tokens",
+      "the reward model silently truncates the sequence and scores a response it never saw the end of")
+def reward_length(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    if r.reward.model is None:
+        return
+    need = r.data.max_prompt_length + r.rollout.max_new_tokens
+    if r.reward.max_length < need:
+        yield Hit("reward.max_length",
+                  f"reward.max_length {r.reward.max_length} < data.max_prompt_length {r.data.max_prompt_length} + "
+                  f"rollout.max_new_tokens {r.rollout.max_new_tokens} = {need}: {RULES['reward-length'].why}",
+                  f"set reward.max_length: {need} (or lower rollout.max_new_tokens)")
+
+
+@rule("max-model-len", "error", "rollout.max_model_len < data.max_prompt_length + rollout.max_new_tokens",
+      "the generation engine refuses or truncates sequences longer than its context")
+def max_model_len(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    m = r.rollout.max_model_len
+    need = r.data.max_prompt_length + r.rollout.max_new_tokens
+    if m is not None and m < need:
+        yield Hit("rollout.max_model_len",
+                  f"rollout.max_model_len {m} < data.max_prompt_length {r.data.max_prompt_length} + rollout.max_new_tokens "
+                  f"{r.rollout.max_new_tokens} = {need}: {RULES['max-model-len'].why}",
+                  f"set rollout.max_model_len: {need} (or remove it: the default is exactly that)")
+
+
+@rule("no-reward", "error", "reward.functions empty and reward.model unset",
+      "with no reward every advantage is zero: the run burns compute and the policy never moves")
+def no_reward(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    if not r.reward.functions and r.reward.model is None:
+        yield Hit("reward", f"no reward: reward.functions is empty and reward.model is unset; {RULES['no-reward'].why}",
+                  "set reward.functions: [builtin:exact_answer] (or a module:function of your own), or reward.model")
+
+
+_CRITIC_KEYS = ("model.critic", "algorithm.lam", "algorithm.value_clip", "algorithm.whiten_advantages")
+
+
+@rule("unused-critic", "info", "critic settings given with an algorithm that has no critic (grpo, rloo, reinforce_pp)",
+      "only PPO trains a value model; these settings are ignored")
+def unused_critic(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    if r.algorithm.name in CRITIC_ALGOS:
+        return
+    paths = [f"critic.{k}" for k in sorted(r.critic.model_fields_set)]
+    paths += [p for p in _CRITIC_KEYS if ctx.user_set(r, p)]
+    paths = [p for p in paths if ctx.user_set(r, p)]
+    if paths:
+        yield Hit(paths[0], f"{', '.join(paths)} set, but algorithm.name is {r.algorithm.name}, which has no critic: "
+                            f"{RULES['unused-critic'].why}",
+                  "remove them, or set algorithm.name: ppo if you meant to train a critic")
+
+
+@rule("unknown-waiver", "warning", "lint.waive names a rule that does not exist",
+      "a misspelt waiver waives nothing")
+def unknown_waiver(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    import difflib
+    for rid in r.lint.waive:
+        if rid not in RULES and rid != "schema":
+            close = difflib.get_close_matches(rid, list(RULES), n=1, cutoff=0.6)
+            yield Hit(f"lint.waive.{rid}", f"lint.waive names unknown rule `{rid}`: {RULES['unknown-waiver'].why}",
+                      f"did you mean `{close[0]}`?" if close else "rule ids: " + ", ".join(sorted(RULES)))
+
+
+def run_rules(r: Recipe, ctx: Optional[Ctx] = None) -> Iterator[tuple]:
+    """Yield (Rule, Hit) for every rule that fires."""
+    ctx = ctx or Ctx()
+    for rl in RULES.values():
+        for h in rl.fn(r, ctx) or ():
+            yield rl, h

@@ -1,0 +1,150 @@
+"""Safe YAML loading that keeps file:line:column for every key and rejects duplicate keys.
+
+No pydantic import (`rltune presets list` uses it on its own).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
+from rltune.errors import RecipeInputError
+
+# Loc = (file, line, column), 1-based
+Loc = tuple
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-6` as a float (YAML 1.1 needs a dot: `1.0e-6`)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+_MERGE = "tag:yaml.org,2002:merge"
+_MAX_DEPTH = 64
+
+
+def _first_tab_line(text: str):
+    for i, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip(" ")
+        if stripped.startswith("\t"):
+            return i, len(line) - len(stripped) + 1
+    return None
+
+
+def _yaml_error(e: yaml.YAMLError, text: str, file: str) -> RecipeInputError:
+    tab = _first_tab_line(text)
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    line = mark.line + 1 if mark is not None else 1
+    col = mark.column + 1 if mark is not None else 1
+    if tab is not None and (mark is None or tab[0] <= line):
+        return RecipeInputError(
+            "a tab character is used for indentation; YAML allows only spaces",
+            file=file, line=tab[0], column=tab[1],
+            fix="replace the tab with spaces (2 per level); set your editor to insert spaces in .yaml files")
+    problem = getattr(e, "problem", None) or str(e)
+    context = getattr(e, "context", None)
+    what = f"not valid YAML: {problem}" + (f" ({context})" if context else "")
+    src_lines = text.splitlines()
+    snippet = ""
+    if 0 < line <= len(src_lines):
+        snippet = f"\n    {src_lines[line - 1]}\n    {' ' * (col - 1)}^"
+    return RecipeInputError(
+        what + snippet, file=file, line=line, column=col,
+        fix="check the indentation and the `key: value` syntax on this line or the one before it "
+            "(quote values that contain ': ' or start with a special character such as '{', '[', '*', '&', '!')")
+
+
+def parse_yaml(text: str, file: str, *, what: str = "recipe") -> tuple[Any, dict]:
+    """Parse YAML text: (plain data, {dotted path: (file, line, col)}).
+
+    Raises RecipeInputError for empty input, YAML syntax errors, tabs and duplicate keys.
+    """
+    if not text.strip() or all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()):
+        raise RecipeInputError(
+            f"the {what} is empty", file=file,
+            fix="a recipe needs at least model.policy, data.train and a reward; start from recipes/minimal.yaml")
+    loader = _Loader(text)
+    locs: dict = {}
+    try:
+        try:
+            node = loader.get_single_node()
+        except yaml.YAMLError as e:
+            raise _yaml_error(e, text, file) from None
+
+        def where(n):
+            return (file, n.start_mark.line + 1, n.start_mark.column + 1)
+
+        def build(n, path: str, depth: int):
+            if depth > _MAX_DEPTH:
+                raise RecipeInputError("YAML nesting too deep (a recursive anchor?)", file=file,
+                                       line=n.start_mark.line + 1, column=n.start_mark.column + 1,
+                                       fix="remove the self-referencing alias")
+            if isinstance(n, MappingNode):
+                out: dict = {}
+                seen: dict = {}
+                merges = []
+                for kn, vn in n.value:
+                    if kn.tag == _MERGE:
+                        merges.append(vn)
+                        continue
+                    if not isinstance(kn, ScalarNode):
+                        raise RecipeInputError("a key must be a plain name, not a list or mapping",
+                                               file=file, line=kn.start_mark.line + 1,
+                                               column=kn.start_mark.column + 1,
+                                               fix="write `name: value`")
+                    key = loader.construct_object(kn)
+                    key = key if isinstance(key, str) else str(key)
+                    dotted = f"{path}.{key}" if path else key
+                    if key in seen:
+                        first = seen[key]
+                        raise RecipeInputError(
+                            f"duplicate key `{dotted}` (first defined at line {first[1]}); "
+                            "YAML would silently keep only the last one",
+                            file=file, line=kn.start_mark.line + 1, column=kn.start_mark.column + 1,
+                            fix=f"keep one `{key}:` and delete the other")
+                    seen[key] = where(kn)
+                    locs[dotted] = where(kn)
+                    out[key] = build(vn, dotted, depth + 1)
+                for mn in merges:  # `<<: *anchor` fills keys not given explicitly
+                    subs = mn.value if isinstance(mn, SequenceNode) else [mn]
+                    for sub in subs:
+                        if not isinstance(sub, MappingNode):
+                            raise RecipeInputError("`<<` must merge a mapping", file=file,
+                                                   line=sub.start_mark.line + 1,
+                                                   column=sub.start_mark.column + 1,
+                                                   fix="merge an anchored mapping: `<<: *name`")
+                        merged = build(sub, path, depth + 1)
+                        for k, v in merged.items():
+                            out.setdefault(k, v)
+                return out
+            if isinstance(n, SequenceNode):
+                items = []
+                for i, item in enumerate(n.value):
+                    locs[f"{path}.{i}"] = where(item)
+                    items.append(build(item, f"{path}.{i}", depth + 1))
+                return items
+            return loader.construct_object(n)
+
+        try:
+            data = build(node, "", 0)
+        except yaml.YAMLError as e:  # e.g. a bad !!tag
+            raise _yaml_error(e, text, file) from None
+    finally:
+        loader.dispose()
+    return data, locs
+
+
+def parse_value(text: str) -> Any:
+    """Parse one override value as YAML (`1e-6`, `[0, 1]`, `null`, `true`, `bf16`)."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError:
+        return text  # not YAML at all: keep the raw string, the schema judges it
