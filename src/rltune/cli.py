@@ -96,8 +96,74 @@ def schema(
 
 
 # ------------------------------------------------------------------ training half
-# `train`, `diagnose`, `plot`, `doctor` are added here the same way: a thin function that
-# imports `rltune.commands.<name>` inside its body and raises typer.Exit(code).
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def train(
+    recipe: str = typer.Argument(..., metavar="RECIPE", help="Recipe file."),
+    overrides: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE...]",
+                                                    help="Overrides, e.g. actor.lr=2e-6 trainer.max_steps=50."),
+    resume: str = typer.Option("auto", "--resume", help="auto (newest valid checkpoint in the run dir) | never | PATH."),
+    allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change",
+                                             help="Resume although the recipe changed (the changed keys are listed)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors on the console."),
+    strict: bool = typer.Option(False, "--strict", help="Lint warnings stop the run too."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Ranks on this node (trainer.nproc)."),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Nodes (trainer.nnodes)."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="torchrun | deepspeed (trainer.launcher)."),
+    hostfile: Optional[str] = typer.Option(None, "--hostfile", help="DeepSpeed launcher hostfile (multi-node)."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="torchrun rendezvous HOST:PORT."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", help="This node's rank (multi-node)."),
+) -> None:
+    """Validate RECIPE (lint errors stop it, warnings are shown), then train."""
+    from rltune.commands.train import run
+
+    extra: List[str] = []
+    if hostfile:
+        extra += ["--hostfile", hostfile]
+    if rdzv_endpoint:
+        extra += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint]
+    if node_rank is not None:
+        extra += ["--node-rank" if (launcher or "torchrun") == "torchrun" else "--node_rank", str(node_rank)]
+    raise typer.Exit(run(recipe, overrides or [], resume=resume, allow_recipe_change=allow_recipe_change,
+                         quiet=quiet, strict=strict, nproc=nproc, nnodes=nnodes, launcher=launcher,
+                         launcher_args=extra))
+
+
+@app.command()
+def diagnose(
+    run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="A run directory (holds metrics.jsonl)."),
+    fmt: str = typer.Option("text", "--format", "-f", help="text | json."),
+    patch: Optional[str] = typer.Option(None, "--patch", help="Write the recipe with the fixes applied here."),
+    maps: Optional[List[str]] = typer.Option(None, "--map", help="OUR_KEY=THEIR_KEY for metrics logged by other tools."),
+    source: Optional[str] = typer.Option(None, "--from", help="trl | verl: their metric names."),
+) -> None:
+    """Read a run's metrics, name what went wrong and what to change (exit 0 healthy, 1 problems)."""
+    from rltune.commands.diagnose import run
+
+    kw = {"source": source} if source else {}
+    raise typer.Exit(run(run_dir, fmt=fmt, patch=patch, maps=tuple(maps or ()), **kw))
+
+
+@app.command()
+def plot(
+    run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="A run directory (holds metrics.jsonl)."),
+    out: Optional[str] = typer.Option(None, "--output", "-o", help="PNG path (default RUN_DIR/run.png)."),
+) -> None:
+    """PNG of reward, KL, grad norms, critic loss, entropy, length and timings, with health events."""
+    from rltune.commands.plot import run
+
+    raise typer.Exit(run(run_dir, out))
+
+
+@app.command()
+def doctor(
+    fmt: str = typer.Option("text", "--format", "-f", help="text | json."),
+) -> None:
+    """Environment check: torch, CUDA, NCCL, DeepSpeed, vLLM, flash-attn, transformers; known-bad combinations."""
+    from rltune.commands.doctor import run
+
+    raise typer.Exit(run(fmt))
 
 
 # ------------------------------------------------------------------ fast path

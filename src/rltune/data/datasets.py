@@ -14,8 +14,13 @@ LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "cs
 BUILTIN_TASKS = ("arithmetic",)
 
 
-class DataError(Exception):
+from ..errors import UserError
+
+
+class DataError(UserError):
     """Unusable data (message is user-facing: names the file, column and a fix)."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,13 @@ import tempfile
 from pathlib import Path
 
 
-class ModelSpecError(Exception):
+from ..errors import UserError
+
+
+class ModelSpecError(UserError):
     """A model spec that cannot be resolved or loaded (message is user-facing)."""
+
+    exit_code = 2
 
 
 BUILTINS = ("tiny-llama", "tiny-qwen2", "smollm2-135m-instruct")

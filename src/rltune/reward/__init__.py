@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..errors import UserError
 from .builtins import BUILTIN_REWARDS
 
 
-class RewardError(Exception):
+class RewardError(UserError):
     """A reward that cannot be loaded or computed (message is user-facing)."""
 
 

@@ -15,7 +15,10 @@ from .console import LOG
 from .prompts import uses_chat_template
 
 
-class TrainError(Exception):
+from ..errors import UserError
+
+
+class TrainError(UserError):
     """A run that cannot go on (message is user-facing)."""
 
 

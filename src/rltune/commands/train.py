@@ -1,0 +1,45 @@
+"""`rltune train RECIPE [key=value ...]`: validate (errors stop it), then train or launch ranks."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from rltune.errors import UserError
+
+
+def run(recipe_path: str, overrides: list[str], resume: str = "auto", allow_recipe_change: bool = False,
+        quiet: bool = False, strict: bool = False, nproc: int | None = None, nnodes: int | None = None,
+        launcher: str | None = None, launcher_args: list[str] | None = None) -> int:
+    from rltune.recipe import check, format_findings, has_errors
+
+    if nproc is not None:
+        overrides = list(overrides) + [f"trainer.nproc={nproc}"]
+    if nnodes is not None:
+        overrides = list(overrides) + [f"trainer.nnodes={nnodes}"]
+    if launcher is not None:
+        overrides = list(overrides) + [f"trainer.launcher={launcher}"]
+    recipe, findings = check(recipe_path, overrides, strict=strict)
+    is_child = "RLTUNE_LAUNCHED" in os.environ
+    shown = [f for f in findings if f.severity in ("error", "warning")]
+    if shown and not is_child:
+        print(format_findings(shown, "text"), file=sys.stderr)
+    if recipe is None or has_errors(findings):
+        print(f"rltune: {recipe_path}: the recipe has errors; not training (see `rltune validate {recipe_path}`)",
+              file=sys.stderr)
+        return 1
+    world = recipe.trainer.nproc * recipe.trainer.nnodes
+    if world > 1 and not is_child and "LOCAL_RANK" not in os.environ:
+        from rltune.train.launch import launch
+
+        return launch(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args or [])
+    from rltune.train.run import train
+
+    try:
+        return train(recipe, Path(recipe_path), resume=resume, allow_recipe_change=allow_recipe_change, quiet=quiet)
+    except UserError:
+        raise
+    except KeyboardInterrupt:
+        print("rltune: interrupted", file=sys.stderr)
+        return 130

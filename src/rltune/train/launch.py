@@ -1,0 +1,57 @@
+"""Start N ranks through an existing launcher (torchrun or the DeepSpeed launcher).
+
+rltune writes no scheduler: `--nproc`, `--nnodes`, `--hostfile` and rendezvous options are
+passed through to the launcher, which starts `python -m rltune train ...` on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def launch_command(recipe, recipe_path: str, overrides: list[str], resume: str, allow_recipe_change: bool,
+                   quiet: bool, launcher_args: list[str]) -> list[str]:
+    t = recipe.trainer
+    child = ["train", str(recipe_path), *overrides, "--resume", resume]
+    if allow_recipe_change:
+        child.append("--allow-recipe-change")
+    if quiet:
+        child.append("--quiet")
+    if t.launcher == "deepspeed":
+        cmd = ["deepspeed", "--num_gpus", str(t.nproc), "--num_nodes", str(t.nnodes), *launcher_args,
+               "--module", "rltune"]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(t.nproc),
+               "--nnodes", str(t.nnodes), *launcher_args]
+        if t.nnodes == 1 and not any(a.startswith("--rdzv") or a.startswith("--master") for a in launcher_args):
+            cmd.append("--standalone")
+        cmd += ["-m", "rltune"]
+    return cmd + child
+
+
+def launch(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args) -> int:
+    cmd = launch_command(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args)
+    env = dict(os.environ, RLTUNE_LAUNCHED="1")
+    if not _has_cuda():
+        env.setdefault("DS_ACCELERATOR", "cpu")
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(recipe.trainer.nproc, 1))))
+    print("rltune: launching " + " ".join(cmd), file=sys.stderr)
+    try:
+        return subprocess.call(cmd, env=env)
+    except FileNotFoundError as err:
+        from rltune.errors import UserError
+
+        raise UserError(f"launcher {cmd[0]!r} not found: {err}; install it or set trainer.launcher: torchrun") from err
+    except KeyboardInterrupt:  # the launcher forwards the signal; the ranks save and exit
+        return 130
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
