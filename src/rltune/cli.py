@@ -30,7 +30,7 @@ app = typer.Typer(
 
 @app.command(context_settings={"allow_extra_args": False})
 def validate(
-    recipes: List[str] = typer.Argument(..., metavar="RECIPE... [KEY=VALUE...]",
+    recipes: List[str] = typer.Argument(..., metavar="RECIPE",
                                         help="Recipe files; trailing key=value args are overrides."),
     strict: bool = typer.Option(False, "--strict", help="Treat warnings as errors."),
     fmt: str = typer.Option("text", "--format", "-f", help="Output: text | json | github."),

@@ -231,3 +231,13 @@ def test_config_commands_import_no_torch():
     )
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=60)
     assert "HEAVY []" in p.stderr, p.stderr[-2000:]
+
+
+def test_colored_text_output(monkeypatch, capsys, write):
+    import rltune.commands.validate as v
+
+    monkeypatch.setattr(v, "_use_color", lambda: True)
+    path = write(PPO + "critic:\n  lr: 1.0e-6\n")
+    code = v.run([path], [])
+    out = capsys.readouterr().out
+    assert code == 1 and "error" in out and "lr-order" in out and "fix:" in out

@@ -162,3 +162,18 @@ def test_load_from_text_and_merge_keys():
     text = MINIMAL + "x: &opt\n  lr: 2.0e-6\nactor:\n  <<: *opt\n  warmup_steps: 5\n"
     res = load_recipe_text(text.replace("x: &opt", "lint:\n  waive: {}\nactor_base: &opt"))
     assert res.data["actor"] == {"lr": 2e-6, "warmup_steps": 5}
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(min_value=1e-12, max_value=1.0, allow_nan=False, allow_infinity=False))
+def test_float_overrides_round_trip(x):
+    # repr() gives '1e-06'-style text that YAML 1.1 would read as a string
+    res = load_recipe_text(MINIMAL, overrides=[f"actor.lr={x!r}"])
+    assert res.recipe.actor.lr == x
+    assert isinstance(res.data["actor"]["lr"], float)
+    res = load_recipe_text(MINIMAL + f"critic:\n  lr: {x!r}\n")
+    assert res.data["critic"]["lr"] == x

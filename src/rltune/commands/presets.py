@@ -110,7 +110,6 @@ def apply_preset_text(name: str, recipe_path: str) -> tuple:
 
 
 def run_apply(name: str, recipe: str, out: Optional[str]) -> int:
-    from rltune.commands.validate import _Out, plan_lines  # noqa: F401
     from rltune.recipe.api import lint
     from rltune.recipe.findings import count, format_text_line, sort_findings
     from rltune.recipe.loader import load_recipe_text
