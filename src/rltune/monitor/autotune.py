@@ -155,7 +155,9 @@ class AutoTuner:
                    else f"critic.lr must stay >= actor.lr ({A.fmt(A.r3(a))})")
             old = c
             new = A.r3(target)
-            if not (a <= new <= A.CRITIC_RATIO_MAX * a):
+            while new > A.CRITIC_RATIO_MAX * a:   # float: 5 * 5e-07 < 2.5e-06; stay lint-clean
+                new = float(f"{new * (1 - 1e-3):.4g}")
+            if new < a:
                 new = target
             ch = Change(step, "critic_lr", old, new, why, {"actor_lr": a}, action, applied=(self.mode == "act"))
             if ch.applied:
