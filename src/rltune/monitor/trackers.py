@@ -184,9 +184,24 @@ class MlflowSink(MetricSink):
             raise TrackerUnavailable("logging.mlflow needs the mlflow package: pip install 'rltune[tracking]'"
                                      " (or set logging.mlflow: false)") from None
         run_dir = Path(run_dir)
-        self.tracking_uri = tracking_uri or (run_dir / "mlruns").resolve().as_uri()
-        self.client = MlflowClient(tracking_uri=self.tracking_uri)
-        exp = self.client.get_experiment_by_name(experiment)
+        if tracking_uri:
+            self.tracking_uri = tracking_uri
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            exp = self.client.get_experiment_by_name(experiment)
+        else:
+            store = (run_dir / "mlruns").resolve()
+            store.mkdir(parents=True, exist_ok=True)
+            # MLflow 3 keeps the file store only on request (maintenance mode); it needs no server
+            # and no database, which is what a run directory wants. Newer MLflow without it: sqlite.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            try:
+                self.tracking_uri = store.as_uri()
+                self.client = MlflowClient(tracking_uri=self.tracking_uri)
+                exp = self.client.get_experiment_by_name(experiment)
+            except Exception:  # noqa: BLE001 - file store refused or removed
+                self.tracking_uri = f"sqlite:///{store / 'mlflow.db'}"
+                self.client = MlflowClient(tracking_uri=self.tracking_uri)
+                exp = self.client.get_experiment_by_name(experiment)
         exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
         self.run_id = self.client.create_run(exp_id, run_name=run_name or run_dir.name).info.run_id
         if params:
