@@ -142,3 +142,10 @@ def test_verdict_ranking():
     assert verdict_event([ev(5, "kl_high"), ev(30, "reward_collapse", "error")]).kind == "reward_collapse"
     assert verdict_event([ev(5, "reward_swing"), ev(30, "kl_high")]).kind == "kl_high"
     assert verdict_event([ev(1, "autotune", "info")]) is None
+
+
+def test_live_monitor_logs_events(caplog, tmp_path):
+    import logging
+    with caplog.at_level(logging.WARNING, logger="rltune"):
+        run(fault("critic_nan")[0], R, tmp_path)
+    assert "[Health] step 12 error: Critic loss NaN at step 12" in caplog.text

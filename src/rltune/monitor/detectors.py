@@ -10,6 +10,7 @@ of a condition and re-arms after the condition clears. No torch import.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import statistics
@@ -31,6 +32,7 @@ KIND_RANK = [
     "entropy_collapse", "length_collapse", "length_runaway",
     "stale_weights", "sync_slow",
 ]
+log = logging.getLogger("rltune")
 HISTORY = 64         # values kept per metric (enough for every running statistic here)
 SWING_FLOOR = 0.05   # smallest reward scale for relative swings (rewards near 0)
 
@@ -556,12 +558,15 @@ DETECTORS = [NonFinite, SkippedStep, KLSpike, GradSpike, RewardCollapse, KLHigh,
 class HealthMonitor:
     """Runs every detector on each step's metrics; appends events to RUN_DIR/events.jsonl."""
 
-    def __init__(self, recipe=None, run_dir=None, enabled: Optional[bool] = None, write: bool = True):
+    def __init__(self, recipe=None, run_dir=None, enabled: Optional[bool] = None, write: bool = True,
+                 log_events: Optional[bool] = None):
         self.recipe = recipe if recipe is not None else default_recipe()
         self.h = self.recipe.health
         self.enabled = self.h.enabled if enabled is None else enabled
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.write = write
+        # live runs log each event on the "rltune" logger (users grep `Critic loss NaN at step N`)
+        self.log_events = write if log_events is None else log_events
         self.detectors = [cls() for cls in DETECTORS]
         self.hist: dict[str, list[float]] = {}
         self.firsts: dict[str, list[float]] = {}   # first `window` values per metric
@@ -614,6 +619,10 @@ class HealthMonitor:
         self.n += 1
         self.step = step
         self.events.extend(fired)
+        if self.log_events:
+            for e in fired:
+                log.log(logging.ERROR if e.severity == "error" else logging.WARNING
+                        if e.severity == "warning" else logging.INFO, "%s", e)
         if self.write:
             append_events(self.run_dir, fired)
         return fired
