@@ -184,6 +184,7 @@ class HealthCfg(Section):
     warmup_steps: int = F(3, "Steps before detectors that need history may fire.", ge=0, le=100000)
     window: int = F(5, "Window (steps) for sustained-condition and trend detectors.", ge=2, le=100000)
     reward_swing: float = F(0.15, "Early reward swing threshold (relative, ±15%).", gt=0, le=100)
+    swing_steps: int = F(50, "The reward-swing detector watches the first N steps (early training).", ge=1, le=10_000_000)
     kl_high: float = F(0.6, "Sustained KL above this is too high.", gt=0, le=1000)
     kl_spike_factor: float = F(10.0, "KL spike: a value this many times its running max.", gt=1, le=1e6)
     kl_spike_min: float = F(0.3, "KL spike: ignore values below this.", ge=0, le=1000)

@@ -1,0 +1,180 @@
+"""`rltune diagnose RUN_DIR`: re-run the health detectors over a run's metrics, name the most
+likely cause and the recipe changes that address it (docs/health.md). No torch import.
+
+Exit codes: 0 healthy, 1 problems (any warning or error event), 2 unreadable input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+CAUSES = {
+    "critic_nan": "critic lr too high or reward normalisation broken",
+    "actor_nan": "non-finite actor loss: lr too high, gradients unclipped or fp16 overflow",
+    "reward_nan": "a reward function returns NaN/Inf",
+    "skipped_step": "non-finite loss or gradient: lr too high, gradients unclipped or fp16 overflow",
+    "kl_spike": "an unstable update: clip gradients (0.5-1.0), lower the lr and the clip range, check precision, add warmup",
+    "grad_spike": "an unstable update: clip gradients (0.5-1.0), lower the lr and the clip range, check precision, add warmup",
+    "reward_collapse": "reward hacking / reward-model overfitting: enter the anti-overfit stage",
+    "reward_hacking": "reward hacking / reward-model overfitting: enter the anti-overfit stage",
+    "kl_high": "the KL penalty is too weak for this lr: the policy drifts from the reference",
+    "reward_swing": "actor lr too high (keep the critic lr)",
+    "grad_clip": "actor lr too high: gradients are clipped on most steps",
+    "entropy_collapse": "the policy became near-deterministic",
+    "length_collapse": "responses collapsed in length: check the reward for a length bias",
+    "length_runaway": "responses run into rollout.max_new_tokens",
+    "stale_weights": "the rollout engine generates with stale weights",
+    "sync_slow": "device mesh / engine placement is wrong",
+}
+
+
+def _err(msg: str) -> int:
+    print(f"rltune diagnose: {msg}", file=sys.stderr)
+    return 2
+
+
+def analyse(run_dir, maps: Sequence[str] = (), source: Optional[str] = None) -> dict:
+    """The diagnosis as a dict (what --format json prints), plus private keys for the caller."""
+    from rltune.monitor.detectors import Event, HealthMonitor, rank_key, verdict_event
+    from rltune.monitor.runlog import load_recipe, parse_maps, read_events, read_metrics
+
+    mapping = parse_maps(maps, source)
+    log = read_metrics(run_dir, mapping)
+    recipe, raw, rnotes = load_recipe(run_dir, log.rows)
+    mon = HealthMonitor(recipe, run_dir=None, enabled=True, write=False)
+    events: list[Event] = []
+    for row in log.rows:
+        events.extend(mon.observe(row))
+    tuned = [Event.from_dict(d) for d in read_events(run_dir) if d.get("kind") == "autotune"]
+    timeline = sorted(events + tuned, key=lambda e: (e.step, 0 if e.kind != "autotune" else 1))
+    top = verdict_event(events)
+    verdict = None
+    also = []
+    if top is not None:
+        verdict = {"kind": top.kind, "step": top.step, "severity": top.severity,
+                   "summary": f"{top.message} -> {CAUSES.get(top.kind, top.kind)}",
+                   "cause": CAUSES.get(top.kind, top.kind),
+                   "changes": dict(top.changes), "advice": list(top.advice)}
+        seen = {top.kind}
+        for e in sorted((e for e in events if e.severity in ("warning", "error")), key=rank_key):
+            if e.kind not in seen:
+                seen.add(e.kind)
+                also.append({"kind": e.kind, "step": e.step, "changes": dict(e.changes)})
+    steps = log.steps
+    return {
+        "run_dir": str(run_dir),
+        "metrics": str(log.path),
+        "steps": len(steps),
+        "first_step": steps[0],
+        "last_step": steps[-1],
+        "notes": log.notes + rnotes,
+        "healthy": verdict is None,
+        "events": [{"step": e.step, "kind": e.kind, "severity": e.severity, "message": e.message,
+                    "advice": list(e.advice), "numbers": e.numbers, "changes": e.changes} for e in timeline],
+        "verdict": verdict,
+        "also": also,
+        "_raw_recipe": raw,
+        "_recipe": recipe,
+    }
+
+
+def write_patch(out_path, raw: Optional[dict], changes: dict) -> tuple[Path, str]:
+    """Write the recipe with `changes` applied; validated when the full recipe is known."""
+    import copy
+
+    import yaml
+
+    from rltune.recipe.schema import Recipe
+
+    out_path = Path(out_path)
+    if raw is None:
+        doc: dict = {}
+        header = ("# rltune diagnose: recipe changes only (the run directory had no recipe.yaml);\n"
+                  "# merge these keys into your recipe.\n")
+    else:
+        doc = copy.deepcopy(raw)
+        header = "# rltune diagnose: the run's recipe with the recommended changes applied\n"
+    for key, value in changes.items():
+        node = doc
+        parts = key.split(".")
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
+        node[parts[-1]] = value
+    if raw is not None:
+        Recipe.model_validate(doc)   # keep it valid: raises on a bad change (a bug, not user input)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(header + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return out_path, ("full" if raw is not None else "changes-only")
+
+
+def _print_text(d: dict) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120, highlight=False)
+    con.print(f"[bold]rltune diagnose[/] {escape(d['metrics'])}: {d['steps']} steps "
+              f"({d['first_step']}..{d['last_step']})")
+    for n in d["notes"]:
+        con.print(f"  [dim]note: {escape(n)}[/]")
+    if d["events"]:
+        t = Table(title="Health events", title_justify="left", show_lines=False)
+        t.add_column("step", justify="right")
+        t.add_column("severity")
+        t.add_column("kind")
+        t.add_column("what happened", overflow="fold")
+        colour = {"error": "red", "warning": "yellow", "info": "cyan"}
+        for e in d["events"]:
+            c = colour.get(e["severity"], "white")
+            t.add_row(str(e["step"]), f"[{c}]{e['severity']}[/]", e["kind"], escape(e["message"]))
+        con.print(t)
+    v = d["verdict"]
+    if v is None:
+        con.print(f"[green bold]Healthy[/]: no detector fired over {d['steps']} steps.")
+        return
+    con.print(f"\n[bold]Most likely cause[/] (step {v['step']}, {v['kind']}): {escape(v['cause'])}")
+    con.print(f"  {escape(next(e['message'] for e in d['events'] if e['kind'] == v['kind'] and e['step'] == v['step']))}")
+    if v["advice"]:
+        con.print("[bold]Change[/]:")
+        for line in v["advice"]:
+            con.print(f"  - {escape(line)}")
+    if v["changes"]:
+        con.print("[bold]Recipe patch[/] (--patch OUT.yaml writes it): "
+                  + ", ".join(f"{k}={json.dumps(x)}" for k, x in v["changes"].items()))
+    if d["also"]:
+        con.print("[bold]Also seen[/]: " + ", ".join(f"{a['kind']} (step {a['step']})" for a in d["also"]))
+
+
+def run(run_dir, fmt: str = "text", patch=None, maps: Sequence[str] = (), source: Optional[str] = None) -> int:
+    """Entry point for `rltune diagnose RUN_DIR [--format text|json] [--patch OUT.yaml]
+    [--map OUR=THEIRS ...] [--from trl|verl]`; returns the exit code."""
+    from rltune.monitor.runlog import RunLogError
+
+    if fmt not in ("text", "json"):
+        return _err(f"--format {fmt!r}: use text or json")
+    try:
+        d = analyse(run_dir, maps, source)
+    except RunLogError as e:
+        return _err(str(e))
+    raw = d.pop("_raw_recipe")
+    d.pop("_recipe")
+    if patch is not None:
+        changes = d["verdict"]["changes"] if d["verdict"] else {}
+        try:
+            path, kind = write_patch(patch, raw, changes)
+        except OSError as e:
+            return _err(f"--patch {patch}: cannot write: {e.strerror or e}")
+        d["patch"] = {"path": str(path), "content": kind, "changes": changes}
+    if fmt == "json":
+        print(json.dumps(d, indent=2, default=str))
+    else:
+        _print_text(d)
+        if patch is not None:
+            print(f"wrote {d['patch']['path']} ({len(d['patch']['changes'])} change(s)"
+                  f"{'' if d['patch']['content'] == 'full' else ', changes only: no recipe.yaml in the run'})")
+    return 0 if d["verdict"] is None else 1

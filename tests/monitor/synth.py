@@ -1,0 +1,164 @@
+"""Synthetic metrics traces: healthy runs and runs that show one fault each."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+
+def _trend(t: int, n: int, r0: float = 0.5, r1: float = 1.5) -> float:
+    frac = t / n
+    return r0 + (r1 - r0) * (1 - math.exp(-3 * frac)) / (1 - math.exp(-3))
+
+
+def healthy_binary(n: int = 80, seed: int = 0, batch: int = 32) -> list[dict]:
+    """GRPO on a 0/1 reward: success rate 0.05 -> 0.6, batch-mean sampling noise, no critic."""
+    rng = random.Random(seed)
+    out = healthy(n, seed=seed, ppo=False)
+    for m in out:
+        t = m["step"]
+        p = 0.05 + 0.55 * (1 - math.exp(-4 * t / n))
+        hits = sum(rng.random() < p for _ in range(batch))
+        m["reward/mean"] = hits / batch
+        m["reward/std"] = math.sqrt(max(p * (1 - p), 1e-6))
+        if "eval/reward" in m:
+            m["eval/reward"] = sum(rng.random() < p for _ in range(64)) / 64
+    return out
+
+
+def healthy(n: int = 60, seed: int = 0, noise: float = 0.03, ppo: bool = True,
+            r0: float = 0.5, r1: float = 1.5) -> list[dict]:
+    """A run that learns: reward rising with noise, small steady KL, stable grad norms."""
+    rng = random.Random(seed)
+    out = []
+    for t in range(1, n + 1):
+        frac = t / n
+        reward = _trend(t, n, r0, r1) * (1 + rng.gauss(0, noise))
+        m = {
+            "step": t,
+            "reward/mean": reward,
+            "reward/std": 0.4 + rng.gauss(0, 0.02),
+            "kl": max(0.0, 0.01 + 0.08 * frac + rng.gauss(0, 0.005)),
+            "kl_coef": 0.05,
+            "actor/loss": rng.gauss(0, 0.05),
+            "actor/grad_norm": 0.3 * (1 + rng.gauss(0, 0.15)),
+            "actor/clipfrac": 0.05 + rng.gauss(0, 0.01),
+            "actor/entropy": 1.5 - 0.4 * frac + rng.gauss(0, 0.03),
+            "actor/lr": 1e-6 * min(1.0, t / 10),
+            "response/length_mean": 40 + rng.gauss(0, 3),
+            "timing/rollout_s": 2.0 + rng.gauss(0, 0.1),
+            "timing/train_s": 1.0 + rng.gauss(0, 0.05),
+            "timing/sync_ms": 50 + rng.gauss(0, 8),
+            "throughput/tokens_per_s": 900 + rng.gauss(0, 30),
+            "health/skipped_steps": 0,
+            "rollout/logprob_diff_mean": abs(rng.gauss(0.01, 0.003)),
+            "rollout/logprob_diff_max": abs(rng.gauss(0.1, 0.02)),
+        }
+        if ppo:
+            m.update({
+                "critic/loss": 0.5 * math.exp(-2 * frac) + abs(rng.gauss(0, 0.02)),
+                "critic/grad_norm": 0.5 * (1 + rng.gauss(0, 0.15)),
+                "critic/explained_var": 0.2 + 0.6 * frac + rng.gauss(0, 0.03),
+                "critic/lr": 3e-6 * min(1.0, t / 10),
+            })
+        if t % 10 == 0:
+            m["eval/reward"] = reward * (1 + rng.gauss(0, 0.01))
+        out.append(m)
+    return out
+
+
+def fault(kind: str, n: int = 60, seed: int = 1) -> tuple[list[dict], int]:
+    """A healthy trace with one fault injected; returns (trace, step the detector must fire at)."""
+    tr = healthy(n, seed=seed)
+    rng = random.Random(seed + 100)
+    if kind == "reward_swing":
+        # lr too high: reward swings ±25% around its trend from step 10
+        for m in tr[9:30]:
+            t = m["step"]
+            m["reward/mean"] = _trend(t, n) * (1.25 if t % 2 == 0 else 0.75)
+            m["reward/std"] = 0.2
+        return tr, 11   # step 10 is the first big (+) deviation, 11 the first (-) one
+    if kind == "kl_high":
+        # KL climbs 0.05 -> 0.75 over steps 10-20 (no single jump), then stays high
+        for m in tr[9:]:
+            t = m["step"]
+            m["kl"] = min(0.75, 0.05 + 0.07 * (t - 10)) + rng.gauss(0, 0.01)
+        return tr, 22   # above 0.6 from step 18, health.window = 5 steps
+    if kind == "kl_spike":
+        tr[29]["kl"] = 1.0
+        for m in tr[30:33]:
+            m["kl"] = 0.2
+        return tr, 30
+    if kind == "grad_spike":
+        tr[24]["actor/grad_norm"] = 8.0
+        return tr, 25
+    if kind == "grad_clip":
+        for m in tr[19:]:
+            m["actor/grad_norm"] = 1.0
+        return tr, 24
+    if kind == "critic_nan":
+        tr[11]["critic/loss"] = float("nan")
+        tr[11]["health/skipped_steps"] = 1
+        for m in tr[12:]:
+            m["health/skipped_steps"] = 1
+        return tr, 12
+    if kind == "actor_nan":
+        tr[14]["actor/loss"] = float("inf")
+        return tr, 15
+    if kind == "reward_collapse":
+        # rises fast to 2.5 by step 30, then collapses to 0.8 by step 40 (reward hacking)
+        for m in tr:
+            t = m["step"]
+            if t <= 30:
+                base = 0.5 + 2.0 * t / 30
+            else:
+                base = max(0.8, 2.5 - 1.7 * (t - 30) / 10)
+            m["reward/mean"] = base * (1 + rng.gauss(0, 0.02))
+        return tr, None   # computed by the test: first step where the smoothed drop is large
+    if kind == "entropy_collapse":
+        for m in tr[19:]:
+            m["actor/entropy"] = 0.02
+        return tr, 24
+    if kind == "length_collapse":
+        for m in tr[24:]:
+            m["response/length_mean"] = 5.0 + rng.gauss(0, 0.5)
+        return tr, 29
+    if kind == "length_runaway":
+        for m in tr[24:]:
+            m["response/length_mean"] = 63.5
+        return tr, 29
+    if kind == "sync_slow":
+        for m in tr[9:]:
+            m["timing/sync_ms"] = 450 + rng.gauss(0, 20)
+        return tr, 11
+    if kind == "stale_weights":
+        for m in tr[14:]:
+            m["rollout/logprob_diff_mean"] = 0.3
+        return tr, 16
+    raise KeyError(kind)
+
+
+def write_run(run_dir: Path, trace: list[dict], recipe: dict | None = None, truncate_last: bool = False) -> Path:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps(m) for m in trace]
+    text = "\n".join(lines) + "\n"
+    if truncate_last:
+        text = "\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2]
+    (run_dir / "metrics.jsonl").write_text(text)
+    if recipe is not None:
+        import yaml
+        (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return run_dir
+
+
+RECIPE = {
+    "model": {"policy": "builtin:tiny-llama"},
+    "data": {"train": "builtin:arithmetic"},
+    "reward": {"functions": ["builtin:exact_answer"]},
+    "algorithm": {"name": "ppo", "kl": {"coef": 0.05}, "clip_range": 0.2},
+    "actor": {"lr": 1e-6},
+    "critic": {"lr": 3e-6},
+}
