@@ -162,22 +162,6 @@ def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
     return json.loads((path / "state.json").read_text())
 
 
-def truncate_metrics(path: Path, step: int) -> None:
-    """Drop metrics lines written after `step` (a killed run's lines past its checkpoint)."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                keep.append(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by the kill
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(x + "\n" for x in keep))
-    os.replace(tmp, path)
-
-
 def export_hf(actor_engine, tokenizer, out_dir: Path, rank: int) -> None:
     """The final policy as a `from_pretrained` directory (gathered from ZeRO-3 shards)."""
     from ..engine.weights import full_state_dict

