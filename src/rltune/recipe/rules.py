@@ -253,6 +253,15 @@ def group_size(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
                   "set algorithm.group_size: 4 (and keep rollout.batch_size a multiple of it)")
 
 
+@rule("greedy-groups", "error", "GRPO/RLOO with rollout.do_sample false",
+      "greedy decoding gives every sample of a group the same answer and reward, so every advantage is 0")
+def greedy_groups(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    if r.algorithm.name in GROUP_ALGOS and not r.rollout.do_sample:
+        yield Hit("rollout.do_sample",
+                  f"{r.algorithm.name} with rollout.do_sample false: {RULES['greedy-groups'].why}",
+                  "set rollout.do_sample: true (greedy rollouts only make sense for ppo or reinforce_pp)")
+
+
 # ---------------------------------------------------------------- regularisation
 
 @rule("kl-range", "warning", "algorithm.kl.coef outside [0.01, 0.1]",

@@ -133,6 +133,7 @@ class RolloutCfg(Section):
     engine: Literal["auto", "hf", "vllm"] = F("auto", "Generation engine: auto = vllm when installed and usable, else hf.")
     batch_size: int = F(8, "Sequences generated per generation call (prompts x group_size).", ge=1, le=1_000_000)
     max_new_tokens: int = F(64, "Max tokens generated per response.", ge=1, le=131072)
+    do_sample: bool = F(True, "Sample (True) or decode greedily (False: deterministic, for debugging; not with groups).")
     temperature: float = F(1.0, "Sampling temperature.", gt=0, le=10)
     top_p: float = F(1.0, "Nucleus sampling p.", gt=0, le=1)
     top_k: int = F(0, "Top-k sampling; 0 = off.", ge=0, le=1_000_000)

@@ -20,7 +20,7 @@ class Sampling:
     def from_recipe(cls, rollout_cfg, n: int, greedy: bool = False) -> "Sampling":
         return cls(n=n, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
                    top_k=rollout_cfg.top_k, max_new_tokens=rollout_cfg.max_new_tokens,
-                   stop=tuple(rollout_cfg.stop), greedy=greedy)
+                   stop=tuple(rollout_cfg.stop), greedy=greedy or not rollout_cfg.do_sample)
 
 
 class RolloutEngine(Protocol):

@@ -30,6 +30,16 @@ def setup_logging(run_dir: Path | None, mode: str, is_main: bool) -> None:
     LOG.addHandler(handler)
     for noisy in ("transformers", "datasets", "DeepSpeed", "deepspeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
 
 
 class Progress:

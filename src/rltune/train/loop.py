@@ -63,14 +63,19 @@ def rollout_phase(c: Components) -> tuple[Experience, list[str], list[str], dict
             prompts += [prompt_text(row, c.train_set.prompt_key)] * n
             rows += [row] * n
     exp = parts[0] if len(parts) == 1 else Experience.concat(parts, c.rollout.pad_id)
-    completions = decode(tok, exp)
+    completions = decode(tok, exp, c.rollout)
     return exp, prompts, completions, reward_columns(rows, c.train_set.prompt_key)
 
 
-def decode(tokenizer, exp: Experience) -> list[str]:
+def decode(tokenizer, exp: Experience, rollout) -> list[str]:
+    """Response texts as the reward sees them: EOS and padding dropped, every other token
+    kept, special ones too (a model must not hide text from the reward in tokens that a
+    `skip_special_tokens` decode would drop)."""
+    drop = set(rollout.eos_ids) | {rollout.pad_id}
     out = []
     for ids, mask in zip(exp.response_ids, exp.response_mask):
-        out.append(tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True))
+        kept = [i for i in ids[mask.bool()].tolist() if i not in drop]
+        out.append(tokenizer.decode(kept, skip_special_tokens=False))
     return out
 
 
@@ -262,7 +267,7 @@ def evaluate(c: Components) -> float:
         ids = [encode_prompt(row, tok, r.data, c.eval_set.prompt_key) for row in chunk]
         exp = c.rollout.generate(ids, Sampling.from_recipe(r.rollout, 1, greedy=True))
         prompts = [prompt_text(row, c.eval_set.prompt_key) for row in chunk]
-        res = c.rewards(prompts, decode(tok, exp), reward_columns(chunk, c.eval_set.prompt_key))
+        res = c.rewards(prompts, decode(tok, exp, c.rollout), reward_columns(chunk, c.eval_set.prompt_key))
         scores += res.scores
     return sum(scores) / max(len(scores), 1)
 

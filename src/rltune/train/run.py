@@ -139,6 +139,7 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
                           "the weights are those of step %d. Likely causes: learning rate too high "
                           "(actor.lr / critic.lr), broken reward normalisation, fp16 overflow.",
                           skipped_in_a_row, step - skipped_in_a_row)
+                save(step)  # the weights are good: the skipped updates never touched them
                 exit_code = 1
                 break
             if r.trainer.save_every and step % r.trainer.save_every == 0 and step < r.trainer.max_steps:

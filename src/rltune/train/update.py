@@ -28,7 +28,7 @@ TOKEN_LEVEL = ("token-mean",)
 SEQ_LEVEL = ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
-def micro_weight(mb_mask: torch.Tensor, total_tokens: float, total_seqs: int, agg: str) -> float:
+def micro_weight(mb_mask: torch.Tensor, total_tokens: float, total_seqs: float, agg: str) -> float:
     """Share of the update that a micro-batch's aggregated loss represents."""
     if agg in TOKEN_LEVEL:
         return float(mb_mask.sum()) / max(total_tokens, 1.0)
@@ -57,16 +57,54 @@ class Knobs:
     entropy_coef: float
 
 
-def _grad_norm(engine) -> float | None:
-    """Global L2 norm of the accumulated gradients (stages 0-1 keep them in .grad)."""
-    stage = engine.zero_optimization_stage()
-    if stage >= 2:
+def _grad_norm(engine, world: int) -> float | None:
+    """L2 norm of the rank-averaged gradients before the step (stages 0-1 keep them in
+    .grad; with several ranks they are averaged here first, on copies: DeepSpeed reduces
+    the originals in `step`). None at stages 2-3: DeepSpeed reports the norm after the step."""
+    if engine.zero_optimization_stage() >= 2:
         return None
+    import torch.distributed as dist
+
     sq = torch.zeros((), dtype=torch.float64)
     for p in engine.module.parameters():
-        if p.grad is not None:
-            sq += p.grad.detach().double().pow(2).sum().cpu()
+        if p.grad is None:
+            continue
+        g = p.grad.detach()
+        if world > 1:
+            g = g.clone()
+            dist.all_reduce(g)
+            g /= world
+        sq += g.double().pow(2).sum().cpu()
     return math.sqrt(float(sq))
+
+
+def _zero_loss(engine) -> torch.Tensor:
+    params = [p for p in engine.module.parameters() if p.requires_grad]
+    return sum(p.reshape(-1)[:1].sum() * 0.0 for p in params)
+
+
+def _sum_over_ranks(values: list[float]) -> list[float]:
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _global_totals(tokens: float, seqs: int) -> tuple[float, float, int]:
+    """(tokens, sequences) summed over ranks, and the world size.
+
+    DeepSpeed averages gradients over ranks, so a rank's share of the global update is its
+    micro-batch weight times the world size."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return tokens, float(seqs), 1
+    t = torch.tensor([tokens, float(seqs)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t[0]), float(t[1]), dist.get_world_size()
 
 
 def _any_rank(flag: bool) -> bool:
@@ -82,23 +120,29 @@ def _any_rank(flag: bool) -> bool:
 def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: str,
                force_nonfinite: bool = False) -> UpdateResult:
     """Forward/backward every micro-batch, then one guarded optimizer step."""
-    total_tokens = float(sum(float(mb.response_mask.sum()) for mb in micro_batches))
-    total_seqs = sum(mb.size for mb in micro_batches)
+    total_tokens, total_seqs, world = _global_totals(
+        float(sum(float(mb.response_mask.sum()) for mb in micro_batches)), sum(mb.size for mb in micro_batches))
     result, bad = UpdateResult(), False
     engine.train()
     for mb in micro_batches:
-        w = micro_weight(mb.response_mask, total_tokens, total_seqs, agg)
+        w = micro_weight(mb.response_mask, total_tokens, total_seqs, agg) * world
         loss, stats = loss_fn(mb)
         if force_nonfinite:
             loss = loss * float("inf")
         if not torch.isfinite(loss):
-            bad, result.reason = True, f"loss {float(loss)}"
+            bad, result.reason = True, f"loss {float(loss.detach())}"
+            # keep the number of backward calls equal on every rank (ZeRO-2/3 reduce in
+            # backward); this zero loss adds nothing and the update is dropped below
+            engine.backward(_zero_loss(engine), scale_wrt_gas=False)
             continue
         engine.backward(loss * w, scale_wrt_gas=False)
-        result.loss += float(loss.detach()) * w
+        result.loss += float(loss.detach()) * w / world
         for k, v in stats.items():
-            result.stats[k] = result.stats.get(k, 0.0) + float(v) * w
-    norm = _grad_norm(engine)
+            result.stats[k] = result.stats.get(k, 0.0) + float(v) * w / world
+    keys = sorted(result.stats)
+    summed = _sum_over_ranks([result.loss] + [result.stats[k] for k in keys])  # metrics of the global batch
+    result.loss, result.stats = summed[0], dict(zip(keys, summed[1:]))
+    norm = _grad_norm(engine, world)
     if norm is not None and not math.isfinite(norm):
         bad, result.reason = True, result.reason or f"grad norm {norm}"
     if _any_rank(bad):

@@ -1,0 +1,92 @@
+"""The update step on real DeepSpeed engines (CPU, gloo): accumulation invariance and the
+non-finite guard."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rltune.recipe.schema import Recipe
+
+
+@pytest.fixture(scope="module")
+def dist():
+    from rltune.engine.distributed import init_distributed
+
+    return init_distributed("cpu")
+
+
+def _recipe(agg="token-mean", grad_clip=None, micro=8):
+    return Recipe.model_validate({
+        "model": {"policy": "builtin:tiny-llama"}, "data": {"train": "builtin:arithmetic"},
+        "reward": {"functions": ["builtin:format"]},
+        "algorithm": {"name": "grpo", "loss_agg": agg},
+        # eps 1e-2: Adam's first step is ~lr * sign(g) where |g| << eps would be; a large eps keeps
+        # the update linear in the gradient so float-rounding differences stay float-sized
+        "actor": {"lr": 1e-2, "warmup_steps": 0, "grad_clip": grad_clip, "eps": 1e-2},
+        "rollout": {"batch_size": 8}, "train": {"batch_size": 8, "micro_batch_size": micro}})
+
+
+def _experience(seed=0):
+    from rltune.train.experience import Experience
+
+    g = torch.Generator().manual_seed(seed)
+    B, P, T = 8, 4, 5
+    lengths = torch.tensor([5, 1, 3, 5, 2, 4, 5, 1])      # different response lengths
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
+    return Experience(
+        prompt_ids=torch.randint(4, 60, (B, P), generator=g), prompt_mask=torch.ones(B, P, dtype=torch.long),
+        response_ids=torch.randint(4, 60, (B, T), generator=g), response_mask=mask,
+        advantages=torch.randn(B, T, generator=g) * mask)
+
+
+def _params(engine):
+    return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_accumulation_1x8_equals_8x1(dist, agg):
+    from rltune.engine.roles import build_actor
+    from rltune.train.update import Knobs, make_actor_loss, run_update
+
+    r = _recipe(agg)
+    exp = _experience()
+    knobs = Knobs(1e-2, 3e-2, 0.0, 0.2, 0.0)
+    one = build_actor(r, "cpu", 10)     # one micro-batch of 8
+    eight = build_actor(r, "cpu", 10)   # eight micro-batches of 1
+    before = _params(one)
+    assert all(torch.equal(before[n], p) for n, p in _params(eight).items())
+    res1 = run_update(one, [exp], make_actor_loss(one, r, knobs, 1.0, False), agg)
+    res8 = run_update(eight, [exp.select(torch.tensor([i])) for i in range(8)],
+                      make_actor_loss(eight, r, knobs, 1.0, False), agg)
+    assert abs(res1.loss - res8.loss) < 1e-6
+    assert abs(res1.grad_norm - res8.grad_norm) < 1e-5 * max(1.0, res1.grad_norm)
+    after1, after8 = _params(one), _params(eight)
+    moved = max(float((after1[n] - before[n]).abs().max()) for n in before)
+    assert moved > 1e-4  # the update did something
+    for n in after1:
+        torch.testing.assert_close(after1[n], after8[n], rtol=1e-5, atol=1e-6)
+
+
+def test_nonfinite_update_leaves_weights_and_optimizer_untouched(dist):
+    from rltune.engine.roles import build_actor, current_lr
+    from rltune.train.update import Knobs, make_actor_loss, run_update
+
+    r = _recipe(grad_clip=1.0)
+    engine = build_actor(r, "cpu", 10)
+    loss_fn = make_actor_loss(engine, r, Knobs(1e-2, 3e-2, 0.0, 0.2, 0.0), 1.0, False)
+    exp = _experience(1)
+    run_update(engine, [exp], loss_fn, "token-mean")          # one real step: optimizer has state
+    before = _params(engine)
+    opt_before = {k: {n: v.clone() for n, v in s.items() if torch.is_tensor(v)}
+                  for k, s in engine.optimizer.state.items()}
+    lr_before = current_lr(engine)
+    res = run_update(engine, [exp], loss_fn, "token-mean", force_nonfinite=True)
+    assert res.skipped and "inf" in res.reason
+    for n, p in _params(engine).items():
+        assert torch.equal(p, before[n]), n                       # bit-identical
+    for k, s in engine.optimizer.state.items():
+        for n, v in opt_before[k].items():
+            assert torch.equal(s[n], v)
+    assert current_lr(engine) == lr_before                        # the schedule did not advance
+    assert all(p.grad is None or not p.grad.abs().sum() for p in engine.module.parameters())
