@@ -124,12 +124,12 @@ def test_resume_with_changed_recipe_is_refused(uninterrupted, tmp_path):
     data = yaml.safe_load((uninterrupted / "recipe.yaml").read_text())
     data["trainer"]["output_dir"] = str(d / "run")
     data["trainer"]["max_steps"] = STEPS + 1
-    data["actor"]["lr"] = 5e-3
+    data["actor"]["lr"] = 7e-3
     path = d / "recipe.yaml"
     path.write_text(yaml.safe_dump(data))
     res = run_cli("train", path, "--resume", "auto")
     assert res.returncode == 1
-    assert "actor.lr: 0.01 -> 0.005" in res.stderr and "--allow-recipe-change" in res.stderr
+    assert "actor.lr: 0.01 -> 0.007" in res.stderr and "--allow-recipe-change" in res.stderr
     assert "Traceback" not in res.stderr
     res = run_cli("train", path, "--resume", "auto", "--allow-recipe-change")
     assert res.returncode == 0, res.stderr[-3000:]

@@ -46,8 +46,10 @@ class HFRollout:
         for i, p in enumerate(prompt_ids):  # left padding
             ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[i, P - len(p):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        kw = dict(max_new_tokens=s.max_new_tokens, num_return_sequences=s.n, pad_token_id=self.pad_id,
+        # n samples per prompt, prompt-major (greedy generate refuses num_return_sequences > 1)
+        ids = ids.repeat_interleave(s.n, dim=0).to(self.device)
+        mask = mask.repeat_interleave(s.n, dim=0).to(self.device)
+        kw = dict(max_new_tokens=s.max_new_tokens, pad_token_id=self.pad_id,
                   eos_token_id=list(self.eos_ids), return_dict_in_generate=True, output_logits=True,
                   use_cache=True)
         if s.greedy:
@@ -66,8 +68,8 @@ class HFRollout:
         temp = 1.0 if s.greedy else s.temperature
         logp = torch.log_softmax(logits / temp, dim=-1).gather(-1, response.unsqueeze(-1)).squeeze(-1)
         return Experience(
-            prompt_ids=ids.repeat_interleave(s.n, dim=0).cpu(),
-            prompt_mask=mask.repeat_interleave(s.n, dim=0).cpu(),
+            prompt_ids=ids.cpu(),
+            prompt_mask=mask.cpu(),
             response_ids=response.cpu(),
             response_mask=resp_mask.cpu(),
             rollout_logp=(logp * resp_mask).cpu(),

@@ -29,13 +29,12 @@ from ..algo import (
     grpo_advantages,
     kl as kl_estimate,
     kl_in_reward,
-    masked_mean,
-    masked_whiten,
     reinforce_pp_advantages,
     rloo_advantages,
 )
 from ..engine.roles import current_lr, set_lr
 from ..rollout.base import Sampling
+from .collective import gather_rows, global_sum, global_whiten
 from .console import LOG
 from .experience import Experience
 from .prompts import encode_prompt, prompt_text, reward_columns
@@ -86,8 +85,10 @@ def compute_advantages(c: Components, exp: Experience, kl_coef: float, logp0: to
     kl_tok = None
     if exp.ref_logp is not None:
         kl_tok = kl_estimate(logp0, exp.ref_logp, algo.kl.estimator) * mask       # (B, T)
-        stats["kl"] = float((kl_tok.sum(-1)).mean())                                # per sequence
-        stats["kl/token_mean"] = float(masked_mean(kl_tok, mask))
+        kl_seq = gather_rows(kl_tok.sum(-1))                                        # (B * world,)
+        n_tok = gather_rows(mask.sum(-1))
+        stats["kl"] = float(kl_seq.mean())                                          # per sequence
+        stats["kl/token_mean"] = float(kl_seq.sum() / n_tok.sum().clamp(min=1))
     in_reward = algo.kl.mode == "reward" and exp.ref_logp is not None
     scores = exp.scores                                                              # (B,)
     if algo.name == "ppo":
@@ -97,7 +98,7 @@ def compute_advantages(c: Components, exp: Experience, kl_coef: float, logp0: to
             exp.token_rewards = kl_in_reward(scores, logp0, logp0, mask, 0.0)
         adv, ret = gae(exp.token_rewards, exp.old_values, mask, algo.gamma, algo.lam)
         exp.returns = ret
-        exp.advantages = masked_whiten(adv, mask) if algo.whiten_advantages else adv
+        exp.advantages = global_whiten(adv, mask) if algo.whiten_advantages else adv
     elif algo.name in ("grpo", "rloo"):
         seq = scores - kl_coef * kl_tok.sum(-1) if in_reward else scores            # (B,)
         if algo.name == "grpo":
@@ -200,30 +201,34 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, fau
         c.kl_ctl.update(kl_stats["kl"], exp.size * c.dist.world_size)
         knobs.kl_coef = c.kl_ctl.coef
 
-    # 10. metrics
+    # 10. metrics (over the global batch: every rank's sequences)
     mask = exp.response_mask
     step_s = time.perf_counter() - t_start
+    scores = gather_rows(exp.scores)                                                 # (B * world,)
+    lengths = gather_rows(mask.sum(-1))
+    n_tokens = global_sum([float(mask.sum() + exp.prompt_mask.sum())])[0]
     m = {
         "step": step,
-        "reward/mean": float(exp.scores.mean()),
-        "reward/std": float(exp.scores.std()) if exp.size > 1 else 0.0,
+        "reward/mean": float(scores.mean()),
+        "reward/std": float(scores.std()) if scores.numel() > 1 else 0.0,
         "kl": kl_stats.get("kl", 0.0),
         "kl/token_mean": kl_stats.get("kl/token_mean", 0.0),
         "kl_coef": knobs.kl_coef,
-        "response/length_mean": float(mask.sum(-1).mean()),
-        "response/clip_ratio": float((mask.sum(-1) >= r.rollout.max_new_tokens).float().mean()),
+        "response/length_mean": float(lengths.mean()),
+        "response/clip_ratio": float((lengths >= r.rollout.max_new_tokens).float().mean()),
         "timing/step_s": step_s,
-        "throughput/tokens_per_s": float(mask.sum() + exp.prompt_mask.sum()) / max(step_s, 1e-9),
+        "throughput/tokens_per_s": n_tokens / max(step_s, 1e-9),
     }
     for spec, values in result.raw.items():
-        m[f"reward/{spec}"] = sum(values) / max(len(values), 1)
+        m[f"reward/{spec}"] = float(gather_rows(torch.tensor(values, dtype=torch.float64)).mean())
     m.update(_role_metrics("actor", actor_results, c.actor))
     if c.critic is not None:
         m.update(_role_metrics("critic", critic_results, c.critic))
         m["critic/explained_var"] = explained_variance(exp.old_values, exp.returns, mask)
     if probe.get("n"):
-        m["rollout/logprob_diff_mean"] = probe["sum"] / probe["n"]
-        m["rollout/logprob_diff_max"] = probe["max"]
+        total, n = global_sum([probe["sum"], probe["n"]])
+        m["rollout/logprob_diff_mean"] = total / max(n, 1.0)
+        m["rollout/logprob_diff_max"] = float(gather_rows(torch.tensor([probe["max"]])).max())
     m.update(timings)
     return m
 
@@ -246,12 +251,15 @@ def explained_variance(values, returns, mask) -> float:
     """1 - Var[R - V] / Var[R] over valid tokens (1 = perfect critic, <= 0 = useless)."""
     if values is None or returns is None:
         return float("nan")
-    from ..algo import masked_var
+    def var(x):  # unbiased variance over the valid tokens of every rank
+        xs = x[mask.bool()].double()
+        s, sq, n = global_sum([float(xs.sum()), float((xs * xs).sum()), float(xs.numel())])
+        return (sq - s * s / max(n, 1.0)) / max(n - 1.0, 1.0)
 
-    var_r = float(masked_var(returns, mask))
+    var_r = var(returns)
     if var_r < 1e-12:
         return float("nan")
-    return 1.0 - float(masked_var(returns - values, mask)) / var_r
+    return 1.0 - var(returns - values) / var_r
 
 
 @torch.no_grad()

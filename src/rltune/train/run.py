@@ -157,7 +157,11 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
     if exit_code == EXIT_INTERRUPTED:
         LOG.warning("interrupted at step %d; resume with: rltune train %s --resume auto", step, recipe_path)
         return exit_code
-    if exit_code == 0:
+    if exit_code == 0 and start >= r.trainer.max_steps:
+        LOG.info("the run in %s already finished at step %d (trainer.max_steps %d): nothing to do; "
+                 "raise trainer.max_steps to continue, or use --resume never to start over",
+                 run_dir, start, r.trainer.max_steps)
+    elif exit_code == 0:
         save(step)
         ckpt.export_hf(c.actor, c.tokenizer, run_dir / "final", dist.rank)
         if c.eval_set is not None and eval_start is not None:
