@@ -81,6 +81,9 @@ class VLLMRollout:
 
         hf_cfg = AutoConfig.from_pretrained(model_dir)
         model_max = getattr(hf_cfg, "max_position_embeddings", None)
+        text_cfg = getattr(hf_cfg, "get_text_config", lambda: hf_cfg)()
+        # vLLM's CPU backend keeps its own (packed) copy of a tied LM head: it must be sent
+        self.tied_embeddings = bool(getattr(text_cfg, "tie_word_embeddings", False))
         self.max_model_len = int(rollout_cfg.max_model_len or default_max_model_len(max_len, model_max))
 
         # EOS ids exactly as the hf engine uses them (generation config, else the tokenizer)
@@ -199,6 +202,8 @@ class VLLMRollout:
         t0 = time.perf_counter()
         self.wake_up()
         weights: Iterable = _on_cpu_if(iter_full_params(actor), self.device == "cpu")
+        if self.tied_embeddings:
+            weights = _with_tied_head(weights, _input_embedding_name(actor))
         if not _in_process(self.llm):
             weights = list(weights)   # crosses a process boundary: must be picklable
         self.load_weights(weights)
@@ -291,6 +296,31 @@ def _sampled_logprobs(ids: list[int], logprobs) -> list[float]:
         lp = entry[tok]
         out.append(float(getattr(lp, "logprob", lp)))
     return out
+
+
+def _input_embedding_name(actor) -> str | None:
+    module = getattr(actor, "module", actor)
+    try:
+        emb = module.get_input_embeddings().weight
+    except Exception:  # noqa: BLE001
+        return None
+    for name, p in module.named_parameters():
+        if p is emb:
+            return name
+    return None
+
+
+def _with_tied_head(weights, emb_name: str | None):
+    """Also send the input embedding as `lm_head.weight` (tied models name it once)."""
+    sent_head = False
+    for name, tensor in weights:
+        if name == "lm_head.weight" or name.endswith(".lm_head.weight"):
+            sent_head = True
+        yield name, tensor
+        is_emb = name == emb_name if emb_name else name.endswith("embed_tokens.weight")
+        if is_emb and not sent_head:
+            sent_head = True
+            yield "lm_head.weight", tensor
 
 
 def _on_cpu_if(weights, cond: bool):
