@@ -69,7 +69,8 @@ class VLLMRollout:
     name = "vllm"
 
     def __init__(self, model_dir: str, tokenizer, rollout_cfg, precision: str = "fp32",
-                 seed: int | None = 0, max_len: int = 512, device: str | None = None):
+                 seed: int | None = 0, max_len: int = 512, device: str | None = None,
+                 trust_remote_code: bool = False):
         device = device or _default_device()
         self.device = "cuda" if str(device).startswith("cuda") else "cpu"
         self.cfg = rollout_cfg
@@ -113,6 +114,7 @@ class VLLMRollout:
             max_logprobs=1,
             enable_sleep_mode=self.sleep_enabled,
             disable_log_stats=True,
+            trust_remote_code=bool(trust_remote_code),
         )
         t0 = time.perf_counter()
         with _keep_rng_state():   # in process, vLLM re-seeds the global RNGs with `seed`
@@ -264,6 +266,7 @@ class _keep_rng_state:
 
         self._py = random.getstate()
         self._torch = torch.get_rng_state()
+        self._cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         try:
             import numpy as np
 
@@ -279,6 +282,8 @@ class _keep_rng_state:
 
         random.setstate(self._py)
         torch.set_rng_state(self._torch)
+        if self._cuda is not None:
+            torch.cuda.set_rng_state_all(self._cuda)
         if self._np is not None:
             import numpy as np
 
