@@ -1,0 +1,1 @@
+"""Command implementations behind the CLI (kept out of cli.py so it stays thin)."""
