@@ -104,8 +104,11 @@ def _matches(version: str | None, spec: str) -> bool:
 
 
 def rule_applies(when: dict, facts: dict) -> bool:
-    """Every condition in `when` holds for `facts` (see doctor_known_bad.yaml)."""
-    pk: dict = facts["packages"]
+    """Every condition in `when` holds for `facts` (see doctor_known_bad.yaml).
+
+    Packages a rule names beyond the tracked ones are looked up in the environment unless
+    `facts["lookup"]` is False (synthetic facts in tests)."""
+    pk = _Packages(facts)
     for key, value in (when or {}).items():
         if key == "installed":
             if any(pk.get(n) is None for n in value):
@@ -138,11 +141,26 @@ def rule_applies(when: dict, facts: dict) -> bool:
     return True
 
 
+class _Packages:
+    def __init__(self, facts: dict):
+        self.known = facts["packages"]
+        self.lookup = facts.get("lookup", True)
+
+    def get(self, name: str):
+        if name in self.known or not self.lookup:
+            return self.known.get(name)
+        v = _dist_version(name)
+        self.known[name] = v
+        return v
+
+
 def _fill(text: str, facts: dict) -> str:
     import re
 
+    pk = _Packages(facts)
+
     def sub(m):
-        return str(facts["packages"].get(m.group(1)) or "?")
+        return str(pk.get(m.group(1)) or "?")
 
     return re.sub(r"\{version:([A-Za-z0-9_.\-]+)\}", sub, " ".join(str(text).split()))
 
