@@ -26,7 +26,7 @@ def model_dir(name: str, tmp: Path) -> str:
 
     if name == "smollm2":
         return resolve_model_dir("builtin:smollm2-135m-instruct")
-    from _helpers import build_tiny_llama32
+    from rollout_test_helpers import build_tiny_llama32
 
     return str(build_tiny_llama32(tmp / "tiny-llama32"))
 
@@ -73,17 +73,19 @@ def bench(engine_name: str, mname: str, d: str, repeats: int = 3) -> str:
     t0 = time.perf_counter()
     eng.generate(prompts, s)
     first = time.perf_counter() - t0
-    steady, syncs = [], []
+    steady, syncs, cpu = [], [], []
     for _ in range(repeats):
         syncs.append(eng.sync_weights(actor))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         eng.generate(prompts, s)
         steady.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     label = {"smollm2": "SmolLM2-135M fp32", "tiny-llama": "tiny-llama (2x32 heads) fp32"}[mname]
     if hasattr(eng, "close"):
         eng.close()
     return (f"| {engine_name} | {label} | 8 prompts x 4, 24 tokens, T=1 | {init_s:.1f} | {first:.2f} | "
-            f"{statistics.median(steady):.2f} | {statistics.median(syncs):.0f} |")
+            f"{statistics.median(steady):.2f} | {statistics.median(cpu):.2f} | {statistics.median(syncs):.0f} | "
+            f"{os.getloadavg()[0]:.1f} |")
 
 
 def main():
@@ -100,9 +102,12 @@ def main():
     import subprocess
     import torch
 
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")   # quiet DeepSpeed's accelerator probe
     print(f"<!-- torch {torch.__version__}, {os.cpu_count()} CPU cores, threads {torch.get_num_threads()} -->")
-    print("| engine | model | workload | engine init s | first call s | steady s (median) | sync ms (median) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| engine | model | workload | engine init s | first call s | steady s (median) | steady CPU s | "
+          "sync ms (median) | load avg |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for m in a.models.split(","):
             d = model_dir(m, Path(tmp))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from _helpers import build_tiny_llama32, vllm_available
+from rollout_test_helpers import build_tiny_llama32, vllm_available
 
 from rltune.rollout import RolloutEngineError, pick_engine
 
@@ -53,3 +53,22 @@ def test_auto_skips_models_vllm_cpu_cannot_serve():
     assert name == "hf" and "head size 16" in why
     with pytest.raises(RolloutEngineError, match="head size 16"):
         pick_engine("vllm", "cpu", d)
+
+
+def test_make_rollout_hf_with_lazy_module():
+    from rltune.recipe.schema import Recipe
+    from rltune.rollout import make_rollout
+
+    r = Recipe.model_validate({"model": {"policy": "builtin:tiny-llama"}, "data": {"train": "builtin:arithmetic"},
+                               "reward": {"functions": ["builtin:exact_answer"]}, "rollout": {"engine": "hf"}})
+    from rltune.models import load_causal_lm, load_tokenizer
+
+    calls, lines = [], []
+
+    def build():
+        calls.append(1)
+        return load_causal_lm("builtin:tiny-llama")
+
+    eng = make_rollout(r, build, load_tokenizer("builtin:tiny-llama"), "cpu", log=lines.append)
+    assert eng.name == "hf" and calls == [1] and lines == ["rollout engine hf (rollout.engine: hf)"]
+    assert eng.reason == lines[0]

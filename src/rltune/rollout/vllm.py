@@ -80,7 +80,7 @@ class VLLMRollout:
         from transformers import AutoConfig, GenerationConfig
         from vllm import LLM
 
-        hf_cfg = AutoConfig.from_pretrained(model_dir)
+        hf_cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=bool(trust_remote_code))
         model_max = getattr(hf_cfg, "max_position_embeddings", None)
         text_cfg = getattr(hf_cfg, "get_text_config", lambda: hf_cfg)()
         # vLLM's CPU backend keeps its own (packed) copy of a tied LM head: it must be sent
