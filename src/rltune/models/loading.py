@@ -56,9 +56,9 @@ def resolve_model_dir(spec: str) -> str:
             from .smollm2 import smollm2_dir
 
             return str(smollm2_dir(cache_dir()))
-        from .builtin import build_tiny
+        from .builtin import TINY_VERSION, build_tiny
 
-        return str(_atomic_build(cache_dir() / "builtin" / name, lambda d: build_tiny(name, d)))
+        return str(_atomic_build(cache_dir() / "builtin" / f"{name}-{TINY_VERSION}", lambda d: build_tiny(name, d)))
     path = Path(spec).expanduser()
     if path.exists():
         if not (path / "config.json").exists():

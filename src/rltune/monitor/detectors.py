@@ -535,7 +535,7 @@ class StaleWeights(Sustained):
     key = "rollout/logprob_diff_mean"
 
     def steps_needed(self, mon):
-        return 2
+        return 1  # the first step after a (missed) sync is the test
 
     def condition(self, mon, x):
         return x > mon.recipe.rollout.logprob_tolerance

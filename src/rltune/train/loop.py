@@ -62,6 +62,7 @@ def rollout_phase(c: Components) -> tuple[Experience, list[str], list[str], dict
             prompts += [prompt_text(row, c.train_set.prompt_key)] * n
             rows += [row] * n
     exp = parts[0] if len(parts) == 1 else Experience.concat(parts, c.rollout.pad_id)
+    getattr(c.rollout, "sleep", lambda: None)()  # free rollout memory while training (GPU vLLM)
     completions = decode(tok, exp, c.rollout)
     return exp, prompts, completions, reward_columns(rows, c.train_set.prompt_key)
 
@@ -192,7 +193,8 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, fau
     timings["timing/train_s"] = time.perf_counter() - t0
 
     # 9. weight sync actor -> rollout engine
-    sync_ms = c.rollout.sync_weights(c.actor)
+    getattr(c.rollout, "wake_up", lambda: None)()
+    sync_ms = 0.0 if (faults and faults.skip_sync(step)) else c.rollout.sync_weights(c.actor)
     timings["timing/sync_ms"] = sync_ms
     LOG.debug("Actor resharding time: %d ms", round(sync_ms))
 

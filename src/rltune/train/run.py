@@ -71,7 +71,6 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
     if dist.is_main:
         (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe_dict, sort_keys=False))
     c = build(recipe, dist, recipe_path.parent)
-    LOG.info("rollout engine: %s", getattr(c.rollout, "reason", c.rollout.name))
     knobs = initial_knobs(c)
     gen = torch.Generator().manual_seed((recipe.trainer.seed or 0) + 17)
     engines = {"actor": c.actor, "critic": c.critic}

