@@ -159,11 +159,12 @@ def plot(
 @app.command()
 def doctor(
     fmt: str = typer.Option("text", "--format", "-f", help="text | json."),
+    deep: bool = typer.Option(False, "--deep", help="Also import vLLM to check that it is usable."),
 ) -> None:
     """Environment check: torch, CUDA, NCCL, DeepSpeed, vLLM, flash-attn, transformers; known-bad combinations."""
     from rltune.commands.doctor import run
 
-    raise typer.Exit(run(fmt))
+    raise typer.Exit(run(fmt, deep=deep))
 
 
 # ------------------------------------------------------------------ fast path

@@ -118,7 +118,9 @@ def build_critic(recipe, device: str, total_updates: int):
     if recipe.critic.zero_stage == 3:
         import deepspeed
 
-        with deepspeed.zero.Init():
+        # the value head is partitioned like the backbone, in the engine's precision
+        with deepspeed.zero.Init(config_dict_or_path=ds_config(
+                recipe.critic, recipe.trainer.precision, recipe.train.micro_batch_size, device, True)):
             model = ValueModel(backbone)
     else:
         model = ValueModel(backbone)

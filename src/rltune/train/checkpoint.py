@@ -150,12 +150,49 @@ def find_resumable(run_dir: Path, log) -> Path | None:
     return None
 
 
+class _WeightsOnlyLoads:
+    """Make DeepSpeed's checkpoint loader unpickle with `weights_only=True` (tensors and plain
+    containers only, no code) while we restore engines. A file that needs more is refused."""
+
+    def __enter__(self):
+        from deepspeed.runtime.checkpoint_engine import torch_checkpoint_engine as tce
+
+        self.cls, self.orig = tce.TorchCheckpointEngine, tce.TorchCheckpointEngine.load
+
+        from deepspeed.runtime.fp16 import loss_scaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        # DeepSpeed's own plain-data types that its ZeRO optimizer states contain (an enum, a
+        # named tuple, the loss-scaler records); nothing else is allowed to unpickle
+        allowed = [ZeroStageEnum, fragment_address] + [
+            getattr(loss_scaler, n) for n in ("LossScaler", "DynamicLossScaler") if hasattr(loss_scaler, n)]
+
+        def safe_load(engine_self, path, map_location=None):
+            try:
+                with torch.serialization.safe_globals(allowed):
+                    return torch.load(path, map_location=map_location, weights_only=True)
+            except Exception as err:  # noqa: BLE001
+                from ..errors import UserError
+
+                raise UserError(f"checkpoint file {path} holds more than tensors and plain data "
+                                f"(refused to unpickle it: {str(err).splitlines()[0][:200]})") from err
+
+        self.cls.load = safe_load
+        return self
+
+    def __exit__(self, *exc):
+        self.cls.load = self.orig
+        return False
+
+
 def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
     """Restore engines and RNG from `path`; returns state.json's content."""
-    for name, engine in engines.items():
-        if engine is not None:
-            engine.load_checkpoint(str(path / name), tag="ds", load_optimizer_states=True,
-                                   load_lr_scheduler_states=True)
+    with _WeightsOnlyLoads():
+        for name, engine in engines.items():
+            if engine is not None:
+                engine.load_checkpoint(str(path / name), tag="ds", load_optimizer_states=True,
+                                       load_lr_scheduler_states=True)
     rng_file = path / f"rng-rank{rank}.pt"
     if rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=True), gen)
