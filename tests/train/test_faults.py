@@ -31,3 +31,17 @@ def test_reward_nan_injected_names_the_sample(capfd, recipe_factory, tmp_path):
     assert res.returncode == 1
     assert "reward for sample 0" in res.stderr and "nan" in res.stderr
     assert (tmp_path / "run" / "checkpoints" / "step-00000001" / "manifest.json").exists()  # intact
+
+
+def test_skipped_sync_trips_the_stale_weight_guard_hf(capfd, recipe_factory, tmp_path):
+    import json
+
+    path = recipe_factory("tiny-grpo.yaml", trainer__max_steps=3, trainer__eval_every=0)
+    res = run_inproc(capfd, "train", path, env=dict(RLTUNE_FAULTS="skip_sync@1"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = read_metrics(tmp_path / "run")
+    assert m[0]["rollout/logprob_diff_mean"] < 1e-3          # hf engine: same weights, same numbers
+    assert m[1]["rollout/logprob_diff_mean"] > 0.05          # sampled from the pre-update weights
+    assert "Stale rollout weights" in res.stderr
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert any(e["kind"] == "stale_weights" and e["step"] == 2 for e in events)

@@ -19,8 +19,10 @@ def test_importing_the_vllm_module_needs_no_vllm():
     assert mod.default_max_model_len(1000, 512) == 512
 
 
-@pytest.mark.skipif(vllm_available(), reason="checks the fallback when vLLM is absent")
-def test_auto_without_vllm_falls_back_to_hf():
+def test_auto_without_vllm_falls_back_to_hf(monkeypatch):
+    import rltune.rollout as ro
+
+    monkeypatch.setattr(ro, "_version", lambda dist: None)   # as if neither build were installed
     name, why = pick_engine("auto", "cpu")
     assert name == "hf" and why.startswith("rollout engine hf (auto:") and "not installed" in why
     with pytest.raises(RolloutEngineError, match="rollout.engine: vllm"):
@@ -45,14 +47,17 @@ def test_auto_with_vllm_cpu(tmp_path):
 
 
 @pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
-def test_auto_skips_models_vllm_cpu_cannot_serve():
-    from rltune.models import resolve_model_dir
+def test_auto_skips_models_vllm_cpu_cannot_serve(tmp_path):
+    from transformers import AutoConfig
 
-    d = resolve_model_dir("builtin:tiny-llama")   # 4 heads of 16: no CPU attention kernel
-    name, why = pick_engine("auto", "cpu", d)
+    d = build_tiny_llama32(tmp_path / "m16")
+    cfg = AutoConfig.from_pretrained(d)
+    cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = 4, 2, 16  # no CPU kernel for 16
+    cfg.save_pretrained(d)
+    name, why = pick_engine("auto", "cpu", str(d))
     assert name == "hf" and "head size 16" in why
     with pytest.raises(RolloutEngineError, match="head size 16"):
-        pick_engine("vllm", "cpu", d)
+        pick_engine("vllm", "cpu", str(d))
 
 
 def test_make_rollout_hf_with_lazy_module():

@@ -150,7 +150,6 @@ class TrainCfg(Section):
     batch_size: int = F(32, "Sequences per optimizer update (via accumulation over micro batches).", ge=1, le=10_000_000)
     micro_batch_size: int = F(4, "Sequences per forward/backward pass, per rank (accumulated up to train.batch_size / world size).", ge=1, le=1_000_000)
     ppo_epochs: int = F(1, "Passes over each step's experience.", ge=1, le=100)
-    updates_per_step: Optional[int] = F(None, "Optimizer updates per step per epoch (derived: 1; experience = train.batch_size).", ge=1, le=1000)
 
 
 class TrainerCfg(Section):

@@ -142,6 +142,9 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, fau
     # 2. score
     t0 = time.perf_counter()
     result = c.rewards(prompts, completions, columns)
+    if r.logging.sample_every and step % r.logging.sample_every == 0 and c.dist.is_main:
+        LOG.info("[Sample] step=%d reward=%.3f prompt=%r completion=%r", step, result.scores[0],
+                 prompts[0][-80:], completions[0][:200])
     if faults is not None:
         faults.maybe_corrupt_rewards(step, result.scores)
     exp.scores = torch.tensor(result.scores, dtype=torch.float32)                     # (B,)

@@ -78,6 +78,9 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path) -> Components:
         spec = d.eval or d.train
         eval_set = load_prompts(_data_path(spec, recipe_dir), d.prompt_key, size=d.eval_size,
                                 digits=d.builtin_digits, seed=seed, split="eval", chat=chat)
+    if eval_set is not None and len(eval_set) > d.eval_size:
+        eval_set = PromptSet(eval_set.rows[:d.eval_size], eval_set.prompt_key, eval_set.source)
+    _check_meshes(recipe, dist)
     prompts_per_call = max(1, recipe.rollout.batch_size // recipe.algorithm.group_size // dist.world_size)
     try:
         sampler = PromptSampler(len(train_set), prompts_per_call, seed, d.shuffle, d.drop_last,
@@ -113,6 +116,24 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path) -> Components:
     kl_ctl = make_kl_controller(kl.coef, kl.target, kl.horizon)
     return Components(recipe, dist, tokenizer, train_set, eval_set, sampler, rewards, actor, critic,
                       reference, rollout, kl_ctl)
+
+
+def _check_meshes(recipe: Recipe, dist: DistInfo) -> None:
+    """Device meshes against the real world size. Every role is colocated on every rank
+    (HybridFlow in small); placing a role on a subset of ranks is not implemented yet."""
+    for role in ("actor", "critic"):
+        mesh = getattr(recipe, role).device_mesh
+        if mesh is None or (role == "critic" and not recipe.has_critic):
+            continue
+        bad = [i for i in mesh if i < 0 or i >= dist.world_size]
+        if bad:
+            raise TrainError(f"{role}.device_mesh {mesh} names device ids {bad} but this run has "
+                             f"{dist.world_size} rank(s) (ids 0..{dist.world_size - 1})\n"
+                             f"  fix: set {role}.device_mesh: {list(range(dist.world_size))} or remove it")
+        if sorted(set(mesh)) != list(range(dist.world_size)):
+            raise TrainError(f"{role}.device_mesh {mesh} is a subset of the {dist.world_size} ranks: every role "
+                             "runs colocated on all ranks; placing a role on a subset is not supported yet\n"
+                             f"  fix: remove {role}.device_mesh (or list all ranks)")
 
 
 def _data_path(spec: str, recipe_dir: Path) -> str:
