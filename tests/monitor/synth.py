@@ -136,7 +136,7 @@ def fault(kind: str, n: int = 60, seed: int = 1) -> tuple[list[dict], int]:
     if kind == "stale_weights":
         for m in tr[14:]:
             m["rollout/logprob_diff_mean"] = 0.3
-        return tr, 16
+        return tr, 15  # the first step after a missed sync (tr[14] is step 15)
     raise KeyError(kind)
 
 

@@ -49,6 +49,7 @@ CASES = [
      ["trainer.nproc=2", "train.micro_batch_size=16"]),
     ("group-size", MINIMAL, ["algorithm.group_size=1", "rollout.batch_size=8"], "error", ["algorithm.group_size=2"]),
     ("group-size", MINIMAL, ["algorithm.name=rloo", "algorithm.group_size=1"], "error", ["algorithm.name=ppo", "algorithm.group_size=1"]),
+    ("greedy-groups", MINIMAL, ["rollout.do_sample=false"], "error", ["rollout.do_sample=false", "algorithm.name=ppo"]),
     ("no-reward", MINIMAL, ["reward.functions=[]"], "error", ["reward.functions=[]", "reward.model=rm", "reward.max_length=2048"]),
     ("unused-critic", MINIMAL, ["critic.lr=1e-5"], "info", ["algorithm.name=ppo", "critic.lr=3e-6"]),
     ("unused-critic", MINIMAL, ["model.critic=foo", "algorithm.lam=0.9"], "info", ["model.reference=foo"]),

