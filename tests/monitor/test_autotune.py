@@ -142,3 +142,36 @@ def test_state_dict_round_trip():
 
 def test_stage_names():
     assert STAGES == ("cold-start", "acceleration", "anti-overfit")
+
+
+def test_kl_high_is_a_spike_fix_trigger():
+    # a KL that runs away under a too-high lr is already high before it could form a 10x spike:
+    # the sustained kl_high event gets the spike fix (lr down, kl coef up, clip tighter)
+    t = AutoTuner(recipe())
+    ev = Event(6, "kl_high", "warning", "KL 1.2 > 0.6 sustained for 5 steps (since step 2)", {"kl": 1.2})
+    got = {c.key: c.new for c in t.step({"step": 6, "reward/mean": 1.0, "kl": 1.2}, [ev])}
+    assert got["actor.lr"] == 5e-07 and got["algorithm.kl.coef"] == 0.075 and got["algorithm.clip_range"] == 0.15
+    assert all(c.action == "spike fix (kl_high)" for c in t.changes)
+    # with the health monitor: a KL held above health.kl_high fires kl_high once, and autotune acts once
+    t = AutoTuner(recipe(autotune__cooldown=0))
+    mon = HealthMonitor(t.recipe)
+    trace = [{"step": s, "reward/mean": 1.0, "reward/std": 0.1, "kl": 0.9} for s in range(1, 15)]
+    changes = drive(t, trace, mon)
+    assert [e.kind for e in mon.events] == ["kl_high"]
+    assert {c.step for c in changes} == {5} and t.knobs.actor_lr == 5e-07
+
+
+def test_far_too_high_lr_comes_down_by_ten():
+    # more than 10x above the playbook range (5e-6): x0.1 per fix, then x0.5 once within 10x
+    t = AutoTuner(recipe(actor__lr=0.3, critic__lr=0.9, autotune__cooldown=0,
+                         lint={"waive": {"actor-lr-range": "test", "lr-ratio": "test"}}))
+    lrs = []
+    for s in range(1, 8):
+        t.step({"step": s}, [spike(s)])
+        lrs.append(t.knobs.actor_lr)
+        assert t.knobs.actor_lr <= t.knobs.critic_lr <= 5 * t.knobs.actor_lr
+    assert lrs == pytest.approx([0.03, 3e-3, 3e-4, 3e-5, 1.5e-5, 7.5e-6, 3.75e-6])
+    # inside 10x of the range the cut stays x0.5 (the 2e-5 case above: 1e-5, 5e-6, ...)
+    t = AutoTuner(recipe(actor__lr=4e-5, critic__lr=1.2e-4))
+    t.step({"step": 1}, [spike(1)])
+    assert t.knobs.actor_lr == 2e-05

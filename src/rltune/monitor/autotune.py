@@ -7,8 +7,9 @@ Stages: 0 cold-start -> 1 acceleration -> 2 anti-overfit (terminal).
   kl coef -> min(current, 0.02), clip -> max(current, 0.2) (the acceleration preset).
 - any -> anti-overfit: a reward_collapse / reward_hacking event:
   kl coef -> max(0.08, current), entropy -> max(0.01, current), clip -> min(0.12, current).
-- spike fix (kl_spike, grad_spike, reward_swing; at most once per `autotune.cooldown` steps):
-  actor lr x0.5, kl coef x1.5 (cap 0.1), clip -0.05 (floor 0.1); critic_nan halves the critic lr.
+- spike fix (kl_spike, grad_spike, reward_swing, kl_high; at most once per `autotune.cooldown`
+  steps): actor lr x0.5 (x0.1 while it is more than 10x above the playbook range), kl coef x1.5
+  (cap 0.1), clip -0.05 (floor 0.1); critic_nan halves the critic lr.
 
 The trainer reads `.knobs` each step. In `advise` mode nothing changes: the tuner only logs what
 it would do. No torch import.
@@ -35,13 +36,18 @@ KNOB_KEYS = {
     "clip_range": "algorithm.clip_range",
     "entropy_coef": "algorithm.entropy_coef",
 }
-SPIKE_KINDS = ("kl_spike", "grad_spike", "reward_swing")
+# kl_high (KL above health.kl_high for `window` steps) is a spike fix too: a KL that runs away
+# under a too-high lr never forms a 10x spike once it is already high (docs/autotune-experiment.md)
+SPIKE_KINDS = ("kl_spike", "grad_spike", "reward_swing", "kl_high")
 COLLAPSE_KINDS = ("reward_collapse", "reward_hacking")
 PROBLEM_KINDS = SPIKE_KINDS + ("critic_nan", "actor_nan", "skipped_step")
 ACCEL_RISE = 0.05      # reward up > 5% per window
 ACCEL_KL = 0.4         # and KL below this
 ACCELERATION = {"kl_coef": 0.02, "clip_range": 0.2}
 SPIKE_LR_FACTOR, SPIKE_KL_FACTOR, SPIKE_CLIP_STEP = 0.5, 1.5, 0.05
+# an actor lr more than an order of magnitude above the playbook range comes down by an order of
+# magnitude per fix (the playbook's field case: 1e-5 -> 5e-7); halving would take ~3 cooldowns each
+FAR_ABOVE, FAR_LR_FACTOR = 10.0, 0.1
 ENTROPY_MAX = 0.05
 
 
@@ -211,7 +217,9 @@ class AutoTuner:
                 nums = dict(ev.numbers)
                 if spike is not None:
                     k = self.knobs
-                    self._set(step, "actor_lr", k.actor_lr * SPIKE_LR_FACTOR, act, why, nums, out)
+                    far = k.actor_lr > FAR_ABOVE * A.ACTOR_LR_MAX
+                    self._set(step, "actor_lr", k.actor_lr * (FAR_LR_FACTOR if far else SPIKE_LR_FACTOR),
+                              act, why, nums, out)
                     if not self.kl_adaptive:
                         self._set(step, "kl_coef", min(A.KL_MAX, k.kl_coef * SPIKE_KL_FACTOR), act, why, nums, out)
                     self._set(step, "clip_range", max(A.CLIP_MIN, k.clip_range - SPIKE_CLIP_STEP), act, why, nums, out)
