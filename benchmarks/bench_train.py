@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = {
-    "tiny": ("recipes/tiny-grpo.yaml", "tiny-llama 84k params, GRPO, 64 seq x 6 tok/step"),
+    "tiny": ("recipes/tiny-grpo.yaml", "tiny-llama (~80k params), GRPO, 64 seq x 6 tok/step"),
     "quickstart": ("recipes/quickstart.yaml", "SmolLM2-135M, GRPO, 32 seq x <=24 tok/step"),
 }
 PHASES = [("rollout", "timing/rollout_s"), ("reward", "timing/reward_s"), ("reference", "timing/reference_s"),
