@@ -1,4 +1,4 @@
-"""Two CPU ranks through the launcher (torchrun, gloo) give the metrics of one rank.
+"""Two CPU ranks through a launcher (torchrun or DeepSpeed's, gloo) give the metrics of one rank.
 
 Greedy PPO makes the rollout deterministic, so the only differences left are the split of the
 global batch across ranks (gradient averaging, global advantage whitening, gathered metrics)."""
@@ -13,16 +13,26 @@ KEYS = ["reward/mean", "reward/std", "kl", "actor/loss", "actor/grad_norm", "cri
         "critic/grad_norm", "critic/explained_var", "response/length_mean", "actor/entropy"]
 
 
-def test_two_ranks_match_one(recipe_factory, tmp_path):
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    from trainlib import tiny_recipe
+
+    tmp = tmp_path_factory.mktemp("one")
+    path = tiny_recipe(tmp, "tiny-ppo.yaml", rollout__do_sample=False, trainer__max_steps=3, trainer__eval_every=0)
+    res = run_cli("train", path, "--quiet")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return read_metrics(tmp / "run")
+
+
+@pytest.mark.parametrize("launcher,shows", [("torchrun", "torch.distributed.run --nproc_per_node 2"),
+                                            ("deepspeed", "deepspeed.launcher.runner --num_gpus 2")])
+def test_two_ranks_match_one(one_rank, recipe_factory, tmp_path, launcher, shows):
     common = dict(rollout__do_sample=False, trainer__max_steps=3, trainer__eval_every=0)
-    one = recipe_factory("tiny-ppo.yaml", **common)
-    res = run_cli("train", one, "--quiet")
-    assert res.returncode == 0, res.stderr[-3000:]
-    m1 = read_metrics(tmp_path / "run")
+    m1 = one_rank
     two = recipe_factory("tiny-ppo.yaml", trainer__output_dir=str(tmp_path / "run2"), **common)
-    res = run_cli("train", two, "--nproc", "2", "--quiet")
+    res = run_cli("train", two, "--nproc", "2", "--launcher", launcher, "--quiet")
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "torch.distributed.run --nproc_per_node 2" in res.stderr
+    assert shows in res.stderr
     m2 = read_metrics(tmp_path / "run2")
     assert len(m1) == len(m2) == 3
     for a, b in zip(m1, m2):

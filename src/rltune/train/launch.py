@@ -20,8 +20,10 @@ def launch_command(recipe, recipe_path: str, overrides: list[str], resume: str, 
     if quiet:
         child.append("--quiet")
     if t.launcher == "deepspeed":
-        cmd = ["deepspeed", "--num_gpus", str(t.nproc), "--num_nodes", str(t.nnodes), *launcher_args,
-               "--module", "rltune"]
+        # the launcher of this interpreter's DeepSpeed; ranks read LOCAL_RANK from the
+        # environment (--no_local_rank: no `--local_rank=N` argument in front of ours)
+        cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(t.nproc),
+               "--num_nodes", str(t.nnodes), "--no_local_rank", *launcher_args, "--module", "rltune"]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(t.nproc),
                "--nnodes", str(t.nnodes), *launcher_args]
