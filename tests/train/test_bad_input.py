@@ -83,3 +83,11 @@ def test_jsonl_data_with_extra_columns_reach_rewards(capfd, recipe_factory, tmp_
                           trainer__max_steps=1, trainer__eval_every=0)
     res = run_inproc(capfd, "train", path)
     _check(res, 0)
+
+
+def test_hub_model_offline_is_a_clear_error(recipe_factory):
+    from trainlib import run_cli
+
+    path = recipe_factory(model={"policy": "Qwen/Qwen2.5-0.5B-Instruct"})
+    res = run_cli("train", path)   # HF_HUB_OFFLINE=1 in the child: no network retries
+    _check(res, 2, "could not load model 'Qwen/Qwen2.5-0.5B-Instruct'", "builtin:smollm2-135m-instruct")
