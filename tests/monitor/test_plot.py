@@ -1,4 +1,3 @@
-import json
 
 from rltune.commands.plot import run
 from rltune.monitor.autotune import AutoTuner

@@ -9,7 +9,6 @@ everything else is reported and exits 0.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import platform

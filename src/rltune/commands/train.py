@@ -6,9 +6,6 @@ import os
 import sys
 from pathlib import Path
 
-from rltune.errors import UserError
-
-
 def run(recipe_path: str, overrides: list[str], resume: str = "auto", allow_recipe_change: bool = False,
         quiet: bool = False, strict: bool = False, nproc: int | None = None, nnodes: int | None = None,
         launcher: str | None = None, launcher_args: list[str] | None = None) -> int:
@@ -38,8 +35,6 @@ def run(recipe_path: str, overrides: list[str], resume: str = "auto", allow_reci
 
     try:
         return train(recipe, Path(recipe_path), resume=resume, allow_recipe_change=allow_recipe_change, quiet=quiet)
-    except UserError:
-        raise
     except KeyboardInterrupt:
         print("rltune: interrupted", file=sys.stderr)
         return 130

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from ..models.loading import attn_impl, load_backbone, load_causal_lm, resolve_model_dir
+from ..models.loading import load_backbone, load_causal_lm
 
 
 class ValueModel(nn.Module):
@@ -160,11 +160,3 @@ def set_lr(engine, base_lr: float) -> None:
 
 def current_lr(engine) -> float:
     return float(engine.get_lr()[0])
-
-
-def resolve_policy_dir(recipe) -> str:
-    return resolve_model_dir(recipe.model.policy)
-
-
-__all__ = ["ValueModel", "build_actor", "build_critic", "build_reference", "set_lr", "current_lr",
-           "lr_factor", "ds_config", "attn_impl", "resolve_policy_dir"]

@@ -17,7 +17,6 @@ it would do. No torch import.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path

@@ -8,7 +8,7 @@ message with the numbers it saw, and a fix that names the new value.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from rltune.recipe.schema import CRITIC_ALGOS, GROUP_ALGOS, Recipe
 

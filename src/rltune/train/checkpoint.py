@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from .collective import barrier
+
 CKPT_DIR = "checkpoints"
 PREFIX = "step-"
 
@@ -75,13 +77,6 @@ def set_rng_state(state: dict, gen: torch.Generator) -> None:
     gen.set_state(state["shuffle"])
 
 
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
 def save(run_dir: Path, step: int, engines: dict, state: dict, gen: torch.Generator, rank: int,
          keep: int) -> Path:
     """Write checkpoint `step` atomically (every rank calls this)."""
@@ -92,12 +87,12 @@ def save(run_dir: Path, step: int, engines: dict, state: dict, gen: torch.Genera
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-    _barrier()
+    barrier()
     for name, engine in engines.items():
         if engine is not None:
             engine.save_checkpoint(str(tmp / name), tag="ds", save_latest=False)
     torch.save(rng_state(gen), tmp / f"rng-rank{rank}.pt")
-    _barrier()
+    barrier()
     if rank == 0:
         (tmp / "state.json").write_text(json.dumps(state, indent=1, allow_nan=True))
         files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
@@ -109,7 +104,7 @@ def save(run_dir: Path, step: int, engines: dict, state: dict, gen: torch.Genera
             shutil.rmtree(final)
         os.rename(tmp, final)
         _prune(root, keep)
-    _barrier()
+    barrier()
     return final
 
 

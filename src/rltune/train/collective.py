@@ -16,15 +16,32 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def _comm_device() -> torch.device:
+    """Where collective buffers must live: the rank's GPU under nccl, else the CPU (gloo)."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
 def gather_rows(x: torch.Tensor) -> torch.Tensor:
     """(b,) per rank -> (b * world,) on every rank (every rank holds the same b)."""
     if world_size() == 1:
         return x
     import torch.distributed as dist
 
-    parts = [torch.empty_like(x) for _ in range(world_size())]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts)
+    local = x.contiguous().to(_comm_device())
+    parts = [torch.empty_like(local) for _ in range(world_size())]
+    dist.all_gather(parts, local)
+    return torch.cat(parts).to(x.device)
 
 
 def global_sum(values: list[float]) -> list[float]:
@@ -32,7 +49,7 @@ def global_sum(values: list[float]) -> list[float]:
         return values
     import torch.distributed as dist
 
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
     dist.all_reduce(t)
     return t.tolist()
 

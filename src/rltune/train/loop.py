@@ -17,9 +17,7 @@ Per step:
 
 from __future__ import annotations
 
-import math
 import time
-from pathlib import Path
 
 import torch
 
@@ -92,11 +90,11 @@ def compute_advantages(c: Components, exp: Experience, kl_coef: float, logp0: to
         stats["kl/token_mean"] = float(kl_seq.sum() / n_tok.sum().clamp(min=1))
     in_reward = algo.kl.mode == "reward" and exp.ref_logp is not None
     scores = exp.scores                                                              # (B,)
+    if algo.name in ("ppo", "reinforce_pp"):
+        # token rewards: the score at the last token, minus coef * KL on every token when in reward
+        exp.token_rewards = kl_in_reward(scores, logp0, exp.ref_logp if in_reward else logp0, mask,
+                                         kl_coef if in_reward else 0.0, algo.kl.estimator)
     if algo.name == "ppo":
-        if in_reward:
-            exp.token_rewards = kl_in_reward(scores, logp0, exp.ref_logp, mask, kl_coef, algo.kl.estimator)
-        else:
-            exp.token_rewards = kl_in_reward(scores, logp0, logp0, mask, 0.0)
         adv, ret = gae(exp.token_rewards, exp.old_values, mask, algo.gamma, algo.lam)
         exp.returns = ret
         exp.advantages = global_whiten(adv, mask) if algo.whiten_advantages else adv
@@ -108,8 +106,6 @@ def compute_advantages(c: Components, exp: Experience, kl_coef: float, logp0: to
             adv = rloo_advantages(seq, algo.group_size)
         exp.advantages = broadcast_to_tokens(adv, mask)                              # (B, T)
     else:  # reinforce_pp
-        ref = exp.ref_logp if in_reward else logp0
-        exp.token_rewards = kl_in_reward(scores, logp0, ref, mask, kl_coef if in_reward else 0.0, algo.kl.estimator)
         exp.advantages = reinforce_pp_advantages(exp.token_rewards, mask, algo.gamma)
     return stats
 
@@ -148,6 +144,7 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, fau
     if faults is not None:
         faults.maybe_corrupt_rewards(step, result.scores)
     exp.scores = torch.tensor(result.scores, dtype=torch.float32)                     # (B,)
+    exp = exp.to(c.dist.device)  # the rollout hands back CPU tensors; the models may be on a GPU
     if not torch.isfinite(exp.scores).all():
         bad = int((~torch.isfinite(exp.scores)).nonzero()[0])
         from ..reward import RewardError
@@ -293,15 +290,7 @@ def apply_knobs(c: Components, knobs: Knobs) -> None:
     c.kl_ctl.coef = knobs.kl_coef
 
 
-def is_finite_metrics(m: dict) -> bool:
-    return all(not isinstance(v, float) or math.isfinite(v) for v in m.values())
-
-
 def initial_knobs(c: Components) -> Knobs:
     r = c.recipe
     return Knobs(actor_lr=r.actor.lr, critic_lr=r.critic.lr, kl_coef=c.kl_ctl.coef,
                  clip_range=r.algorithm.clip_range, entropy_coef=r.algorithm.entropy_coef)
-
-
-def run_dir_of(recipe) -> Path:
-    return Path(recipe.trainer.output_dir)

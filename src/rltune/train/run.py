@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 from ..recipe.schema import Recipe
+from .collective import barrier
 from .console import LOG, Progress, setup_logging
 from .setup import TrainError
 
@@ -37,13 +38,13 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
     from .faults import Faults
     from .loop import apply_knobs, evaluate, initial_knobs, train_step
     from ..monitor.trackers import log_all
-    from .setup import TrainError, build
+    from .setup import build
 
     dist = init_distributed(recipe.trainer.device)
     run_dir = Path(recipe.trainer.output_dir)
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    _barrier()
+    barrier()
     setup_logging(run_dir, "quiet" if quiet else recipe.logging.console, dist.is_main)
     recipe_dict = recipe.model_dump(mode="json")
     rhash = ckpt.recipe_hash({k: v for k, v in recipe_dict.items() if k != "trainer"} |
@@ -171,13 +172,6 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
                 (run_dir / "eval.json").write_text(json.dumps({"before": eval_start, "after": final}))
         LOG.info("done: %s (final policy in %s)", run_dir, run_dir / "final")
     return exit_code
-
-
-def _barrier():
-    import torch.distributed as dist
-
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
 
 
 def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:

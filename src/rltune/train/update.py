@@ -23,6 +23,7 @@ from ..algo import (
     value_loss,
 )
 from ..monitor.autotune import Knobs  # noqa: F401 - the knob values autotune may change
+from .collective import global_sum, world_size
 from .experience import Experience
 
 TOKEN_LEVEL = ("token-mean",)
@@ -73,45 +74,14 @@ def _zero_loss(engine) -> torch.Tensor:
     return sum(p.reshape(-1)[:1].sum() * 0.0 for p in params)
 
 
-def _sum_over_ranks(values: list[float]) -> list[float]:
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return values
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
-def _global_totals(tokens: float, seqs: int) -> tuple[float, float, int]:
-    """(tokens, sequences) summed over ranks, and the world size.
-
-    DeepSpeed averages gradients over ranks, so a rank's share of the global update is its
-    micro-batch weight times the world size."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return tokens, float(seqs), 1
-    t = torch.tensor([tokens, float(seqs)], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t[0]), float(t[1]), dist.get_world_size()
-
-
-def _any_rank(flag: bool) -> bool:
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0])
-    dist.all_reduce(t)
-    return bool(t.item() > 0)
-
-
 def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: str,
                force_nonfinite: bool = False) -> UpdateResult:
     """Forward/backward every micro-batch, then one guarded optimizer step."""
-    total_tokens, total_seqs, world = _global_totals(
-        float(sum(float(mb.response_mask.sum()) for mb in micro_batches)), sum(mb.size for mb in micro_batches))
+    # DeepSpeed averages gradients over ranks, so a rank's share of the global update is its
+    # micro-batch weight (over the global batch) times the world size
+    world = world_size()
+    total_tokens, total_seqs = global_sum([float(sum(float(mb.response_mask.sum()) for mb in micro_batches)),
+                                           float(sum(mb.size for mb in micro_batches))])
     result, bad = UpdateResult(), False
     engine.train()
     for mb in micro_batches:
@@ -130,12 +100,12 @@ def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: 
         for k, v in stats.items():
             result.stats[k] = result.stats.get(k, 0.0) + float(v) * w / world
     keys = sorted(result.stats)
-    summed = _sum_over_ranks([result.loss] + [result.stats[k] for k in keys])  # metrics of the global batch
+    summed = global_sum([result.loss] + [result.stats[k] for k in keys])  # metrics of the global batch
     result.loss, result.stats = summed[0], dict(zip(keys, summed[1:]))
     norm = _grad_norm(engine, world)
     if norm is not None and not math.isfinite(norm):
         bad, result.reason = True, result.reason or f"grad norm {norm}"
-    if _any_rank(bad):
+    if global_sum([1.0 if bad else 0.0])[0] > 0:  # every rank skips together
         engine.zero_grad()
         if hasattr(engine.optimizer, "zero_grad"):
             engine.optimizer.zero_grad()
