@@ -28,7 +28,7 @@ def _recipe(agg="token-mean", grad_clip=None, micro=8):
 
 
 def _experience(seed=0):
-    from rltune.train.experience import Experience
+    from rltune.rollout.experience import Experience
 
     g = torch.Generator().manual_seed(seed)
     B, P, T = 8, 4, 5
@@ -47,7 +47,8 @@ def _params(engine):
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_accumulation_1x8_equals_8x1(dist, agg):
     from rltune.engine.roles import build_actor
-    from rltune.train.update import Knobs, make_actor_loss, run_update
+    from rltune.recipe.knobs import Knobs
+    from rltune.train.update import make_actor_loss, run_update
 
     r = _recipe(agg)
     exp = _experience()
@@ -56,9 +57,9 @@ def test_accumulation_1x8_equals_8x1(dist, agg):
     eight = build_actor(r, "cpu", 10)   # eight micro-batches of 1
     before = _params(one)
     assert all(torch.equal(before[n], p) for n, p in _params(eight).items())
-    res1 = run_update(one, [exp], make_actor_loss(one, r, knobs, 1.0, False), agg)
+    res1 = run_update(one, [exp], make_actor_loss(one, r, knobs), agg)
     res8 = run_update(eight, [exp.select(torch.tensor([i])) for i in range(8)],
-                      make_actor_loss(eight, r, knobs, 1.0, False), agg)
+                      make_actor_loss(eight, r, knobs), agg)
     assert abs(res1.loss - res8.loss) < 1e-6
     assert abs(res1.grad_norm - res8.grad_norm) < 1e-5 * max(1.0, res1.grad_norm)
     after1, after8 = _params(one), _params(eight)
@@ -70,18 +71,24 @@ def test_accumulation_1x8_equals_8x1(dist, agg):
 
 def test_nonfinite_update_leaves_weights_and_optimizer_untouched(dist):
     from rltune.engine.roles import build_actor, current_lr
-    from rltune.train.update import Knobs, make_actor_loss, run_update
+    from rltune.recipe.knobs import Knobs
+    from rltune.train.update import make_actor_loss, run_update
 
     r = _recipe(grad_clip=1.0)
     engine = build_actor(r, "cpu", 10)
-    loss_fn = make_actor_loss(engine, r, Knobs(1e-2, 3e-2, 0.0, 0.2, 0.0), 1.0, False)
+    loss_fn = make_actor_loss(engine, r, Knobs(1e-2, 3e-2, 0.0, 0.2, 0.0))
     exp = _experience(1)
     run_update(engine, [exp], loss_fn, "token-mean")          # one real step: optimizer has state
     before = _params(engine)
     opt_before = {k: {n: v.clone() for n, v in s.items() if torch.is_tensor(v)}
                   for k, s in engine.optimizer.state.items()}
     lr_before = current_lr(engine)
-    res = run_update(engine, [exp], loss_fn, "token-mean", force_nonfinite=True)
+
+    def inf_loss(mb):
+        loss, stats = loss_fn(mb)
+        return loss * float("inf"), stats
+
+    res = run_update(engine, [exp], inf_loss, "token-mean")
     assert res.skipped and "inf" in res.reason
     for n, p in _params(engine).items():
         assert torch.equal(p, before[n]), n                       # bit-identical

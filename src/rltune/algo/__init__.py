@@ -5,6 +5,7 @@ No I/O, no distributed code, no model objects. See ``docs/algorithms.md``.
 
 from .advantages import (
     broadcast_to_tokens,
+    discounted_returns,
     gae,
     grpo_advantages,
     reinforce_pp_advantages,
@@ -28,16 +29,19 @@ from .kl import (
     kl_penalty,
     make_kl_controller,
 )
+from .correction import CORRECTION_MODES, rollout_correction_weights
 from .logits import entropy_from_logits, logprobs_from_logits
 from .losses import policy_loss, value_loss
 
 __all__ = [
     "AGG_MODES",
+    "CORRECTION_MODES",
     "KL_ESTIMATORS",
     "AdaptiveKLController",
     "FixedKLController",
     "aggregate",
     "broadcast_to_tokens",
+    "discounted_returns",
     "entropy_from_logits",
     "gae",
     "grpo_advantages",
@@ -54,5 +58,6 @@ __all__ = [
     "policy_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",
+    "rollout_correction_weights",
     "value_loss",
 ]

@@ -14,6 +14,7 @@ from .aggregate import _bool_mask, _zero_padding, masked_whiten
 
 __all__ = [
     "broadcast_to_tokens",
+    "discounted_returns",
     "gae",
     "grpo_advantages",
     "reinforce_pp_advantages",
@@ -133,6 +134,23 @@ def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 @torch.no_grad()
+def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Per-token discounted returns ``G_t = r_t + gamma * G_{t+1}`` (``G`` after the last
+    valid token is 0). Shapes: ``rewards``, ``mask`` ``(B, T)`` -> ``(B, T)``, 0 at masked
+    positions; masked steps are skipped (``G`` is carried through them)."""
+    m = _bool_mask(mask)
+    r = _zero_padding(rewards, m).float()  # (B, T)
+    B, T = r.shape
+    running = r.new_zeros(B)  # (B,)
+    ret = r.new_zeros(B, T)
+    for t in range(T - 1, -1, -1):
+        g_t = r[:, t] + gamma * running
+        running = torch.where(m[:, t], g_t, running)
+        ret[:, t] = torch.where(m[:, t], g_t, torch.zeros_like(g_t))
+    return ret.to(rewards.dtype)
+
+
+@torch.no_grad()
 def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
     """REINFORCE++ advantages: discounted returns, whitened over the batch.
 
@@ -143,18 +161,10 @@ def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, gamma: fl
         A   = masked_whiten(G, mask)      (mean/std over all valid tokens of the batch)
 
     Shapes: ``rewards``, ``mask`` ``(B, T)`` -> ``(B, T)``, 0 at masked
-    positions. Masked steps are skipped (``G`` is carried through them).
+    positions. With several ranks the batch is the global one: the trainer whitens
+    ``discounted_returns`` with the statistics of every rank instead.
     """
-    m = _bool_mask(mask)
-    r = _zero_padding(rewards, m).float()  # (B, T)
-    B, T = r.shape
-    running = r.new_zeros(B)  # (B,)
-    ret = r.new_zeros(B, T)
-    for t in range(T - 1, -1, -1):
-        g_t = r[:, t] + gamma * running
-        running = torch.where(m[:, t], g_t, running)
-        ret[:, t] = torch.where(m[:, t], g_t, torch.zeros_like(g_t))
-    return masked_whiten(ret, m).to(rewards.dtype)
+    return masked_whiten(discounted_returns(rewards, mask, gamma).float(), _bool_mask(mask)).to(rewards.dtype)
 
 
 def broadcast_to_tokens(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

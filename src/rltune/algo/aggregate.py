@@ -116,7 +116,8 @@ def last_token_index(mask: torch.Tensor) -> torch.Tensor:
     return (last - 1).clamp(min=0).long()
 
 
-def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
+def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
+              norm_len: Optional[int] = None) -> torch.Tensor:
     """Reduce a per-token loss ``x`` ``(B, T)`` to a scalar (selected by ``algorithm.loss_agg``).
 
     Modes (``m`` the mask, ``T`` the mask width, ``B'`` the number of rows with
@@ -128,9 +129,12 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> 
     * ``seq-mean-token-sum``: ``(1/B') sum_i sum_t x_it m_it``;
     * ``seq-mean-token-mean``: ``(1/B') sum_i (sum_t x_it m_it / sum_t m_it)``
       (original GRPO, Shao et al. 2024, arXiv:2402.03300);
-    * ``seq-mean-token-sum-norm``: ``(1/B') sum_i (sum_t x_it m_it / T)``,
-      i.e. ``sum(x*m) / (B*T)`` when every row is non-empty (Dr.GRPO, Liu et
-      al. 2025, arXiv:2503.20783: a constant normaliser, no length bias).
+    * ``seq-mean-token-sum-norm``: ``(1/B') sum_i (sum_t x_it m_it / L)``
+      with ``L = norm_len``, a constant (Dr.GRPO, Liu et al. 2025,
+      arXiv:2503.20783: the generation budget, so there is no length bias).
+      The trainer passes ``rollout.max_new_tokens``; without ``norm_len`` the
+      mask width ``T`` is used, which depends on the widest response in the
+      batch and so differs between micro-batches and ranks.
 
     Empty masks give 0 (attached to the graph, so ``backward`` works).
     Rows with no valid token are not counted as sequences.
@@ -150,5 +154,5 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> 
     elif mode == "seq-mean-token-mean":
         per_seq = row_sum / row_n.clamp(min=1).to(x.dtype)
     else:  # seq-mean-token-sum-norm
-        per_seq = row_sum / float(max(m.shape[-1], 1))
+        per_seq = row_sum / float(max(norm_len if norm_len is not None else m.shape[-1], 1))
     return per_seq.sum() / n_rows

@@ -23,6 +23,8 @@ def policy_loss(
     clip_high: Optional[float] = None,
     dual_clip: Optional[float] = None,
     agg: str = "token-mean",
+    weights: Optional[torch.Tensor] = None,
+    norm_len: Optional[int] = None,
 ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """PPO clipped surrogate loss (to minimise).
 
@@ -34,13 +36,16 @@ def policy_loss(
         ratio = exp(clamp(logp - old_logp, -20, 20))
         L_t   = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))
         if dual_clip = c:  L_t = min(L_t, -A * c)   for A < 0 only
+        L_t   = w_t * L_t                          with rollout-correction weights w
         loss  = aggregate(L, mask, agg)
 
     Shapes: ``logp``, ``old_logp``, ``advantages``, ``mask`` ``(B, T)`` ->
     0-dim loss. Gradients flow only into ``logp``. Recipe fields:
     ``algorithm.clip_range`` (``clip_low``), ``algorithm.clip_range_high``
     (``clip_high``, defaults to ``clip_low``), ``algorithm.dual_clip``,
-    ``algorithm.loss_agg`` (``agg``).
+    ``algorithm.loss_agg`` (``agg``); ``weights`` ``(B, T)`` (detached) are
+    the rollout-correction importance weights (:mod:`rltune.algo.correction`);
+    ``norm_len`` is the constant of ``seq-mean-token-sum-norm``.
 
     ``stats`` (0-dim detached tensors, token-mean over valid tokens regardless
     of ``agg``):
@@ -76,7 +81,9 @@ def policy_loss(
     else:
         lower_taken = torch.zeros_like(clip_taken)
 
-    loss = aggregate(per_tok, m, agg)
+    if weights is not None:
+        per_tok = per_tok * _zero_padding(weights, m).detach()
+    loss = aggregate(per_tok, m, agg, norm_len)
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean(clip_taken.float(), m),
@@ -93,6 +100,7 @@ def value_loss(
     mask: torch.Tensor,
     clip: Optional[float],
     agg: str = "token-mean",
+    norm_len: Optional[int] = None,
 ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """Clipped value-function loss (PPO reference implementation; Schulman et al. 2017).
 
@@ -123,7 +131,7 @@ def value_loss(
         loss_clipped = (v_clipped - ret) ** 2
         per_tok = 0.5 * torch.maximum(loss_unclipped, loss_clipped)
         clip_taken = loss_clipped > loss_unclipped
-    loss = aggregate(per_tok, m, agg)
+    loss = aggregate(per_tok, m, agg, norm_len)
     with torch.no_grad():
         stats = {"clipfrac": masked_mean(clip_taken.float(), m)}
     return loss, stats

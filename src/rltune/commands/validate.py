@@ -82,7 +82,9 @@ def plan_lines(recipe) -> list:
         f"({p['prompts_per_generation_call']} prompts x {p['samples_per_prompt']} samples) = {p['sequences_per_step']} sequences",
         f"  one update  {tb} sequences = {w} rank(s) x {micro} micro-batch(es) of {mb}"
         + (" (gradient accumulation)" if micro > 1 else ""),
-        f"  per step    {p['optimizer_updates_per_step']} optimizer update(s) ({p['ppo_epochs']} ppo epoch(s))",
+        f"  per step    {p['optimizer_updates_per_step']} optimizer update(s) = {p['ppo_epochs']} ppo epoch(s) x "
+        f"{p['updates_per_epoch']} update(s) per epoch (train.updates_per_step)"
+        + ("; ratio 1 in every update: clipping is inactive" if p['optimizer_updates_per_step'] == 1 else ""),
         f"  ratio       train/rollout = {tb}/{rb} = {tb / rb:.3g} (golden ratio 4-8)",
     ]
     return lines

@@ -2,46 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
-
-from ..errors import UserError
-
-
-class ModelSpecError(UserError):
-    """A model spec that cannot be resolved or loaded (message is user-facing)."""
-
-    exit_code = 2
-
-
-BUILTINS = ("tiny-llama", "tiny-qwen2", "smollm2-135m-instruct")
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("RLTUNE_CACHE") or os.path.join(Path.home(), ".cache", "rltune")
-    return Path(root)
-
-
-def _atomic_build(target: Path, build) -> Path:
-    """Run `build(tmp_dir)` and rename the result into place (safe with several ranks)."""
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
-    try:
-        build(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process won the race
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+from .common import BUILTINS, ModelSpecError, _atomic_build, cache_dir  # noqa: F401
 
 
 def resolve_model_dir(spec: str) -> str:
@@ -85,10 +48,10 @@ def torch_dtype(precision: str):
 
 
 def attn_impl(requested: str, device: str) -> str:
-    """`auto` picks flash_attention_2 when installed and on CUDA, else sdpa."""
+    """`auto` picks flash_attention_2 when installed and on CUDA ("cuda" or "cuda:N"), else sdpa."""
     if requested != "auto":
         return requested
-    if device == "cuda":
+    if str(device).split(":")[0] == "cuda":
         import importlib.util
 
         if importlib.util.find_spec("flash_attn") is not None:

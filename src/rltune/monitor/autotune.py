@@ -22,19 +22,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Iterable, Optional
 
+from ..recipe.knobs import KNOB_KEYS, Knobs
 from . import advice as A
 from .detectors import SWING_FLOOR, Event, append_events
 
 log = logging.getLogger("rltune")
 
 STAGES = ("cold-start", "acceleration", "anti-overfit")
-KNOB_KEYS = {
-    "actor_lr": "actor.lr",
-    "critic_lr": "critic.lr",
-    "kl_coef": "algorithm.kl.coef",
-    "clip_range": "algorithm.clip_range",
-    "entropy_coef": "algorithm.entropy_coef",
-}
 # kl_high (KL above health.kl_high for `window` steps) is a spike fix too: a KL that runs away
 # under a too-high lr never forms a 10x spike once it is already high (docs/autotune-experiment.md)
 SPIKE_KINDS = ("kl_spike", "grad_spike", "reward_swing", "kl_high")
@@ -48,20 +42,6 @@ SPIKE_LR_FACTOR, SPIKE_KL_FACTOR, SPIKE_CLIP_STEP = 0.5, 1.5, 0.05
 # magnitude per fix (the playbook's field case: 1e-5 -> 5e-7); halving would take ~3 cooldowns each
 FAR_ABOVE, FAR_LR_FACTOR = 10.0, 0.1
 ENTROPY_MAX = 0.05
-
-
-@dataclass
-class Knobs:
-    actor_lr: float
-    critic_lr: float
-    kl_coef: float
-    clip_range: float
-    entropy_coef: float
-
-    @classmethod
-    def from_recipe(cls, r) -> "Knobs":
-        a = r.algorithm
-        return cls(r.actor.lr, r.critic.lr, a.kl.coef, a.clip_range, a.entropy_coef)
 
 
 @dataclass

@@ -12,8 +12,9 @@ from rltune.recipe.schema import Recipe
 
 
 def lint(result_or_recipe: Union[LoadResult, Recipe], *, strict: bool = False) -> list[Finding]:
-    """Run the playbook rules. Honours `lint.waive`: a waived rule is still reported, with
-    severity "info", waived=True and the reason. Returns [] when the recipe did not validate."""
+    """Run the playbook rules. Honours `lint.waive`: a waived warning or info is still reported,
+    with severity "info", waived=True and the reason. Errors cannot be waived: a waived error stays
+    an error and rule `waived-error` names the waiver. Returns [] when the recipe did not validate."""
     if isinstance(result_or_recipe, LoadResult):
         res: Optional[LoadResult] = result_or_recipe
         recipe = res.recipe
@@ -34,7 +35,7 @@ def lint(result_or_recipe: Union[LoadResult, Recipe], *, strict: bool = False) -
             message += f" (from the override `{ov}`)"
         f = Finding(file=file, line=line, column=col, rule=rl.id, severity=hit.severity or rl.severity,
                     path=hit.path, message=message, fix=hit.fix)
-        if rl.id in waive:
+        if rl.id in waive and f.severity != "error":
             f.severity, f.waived, f.waive_reason = "info", True, waive[rl.id]
         out.append(f)
     if strict:

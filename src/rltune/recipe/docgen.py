@@ -97,7 +97,7 @@ def render_markdown() -> str:
 
 
 def render_schema() -> str:
-    from rltune.commands.schema import schema_text
+    from rltune.recipe.jsonschema import schema_text
 
     return schema_text()
 

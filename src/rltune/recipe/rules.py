@@ -435,6 +435,23 @@ def unused_critic(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
                   "remove them, or set algorithm.name: ppo if you meant to train a critic")
 
 
+@rule("clip-inactive", "info",
+      "clip_range / clip_range_high / dual_clip set, or autotune on, with one update per step (ppo_epochs x train.updates_per_step = 1)",
+      "with one update per step every update starts at the behaviour policy, the PPO ratio is exactly 1 and "
+      "clipping never engages; autotune's clip fix changes nothing")
+def clip_inactive(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    if r.updates_per_step > 1:
+        return
+    keys = [p for p in ("algorithm.clip_range", "algorithm.clip_range_high", "algorithm.dual_clip")
+            if ctx.user_set(r, p)]
+    if r.autotune.enabled:
+        keys.append("autotune.enabled")
+    if keys:
+        yield Hit(keys[0], f"{', '.join(keys)} set, but train.ppo_epochs x train.updates_per_step = 1: "
+                           f"{RULES['clip-inactive'].why}",
+                  "set train.updates_per_step: 2 (or train.ppo_epochs: 2) for clipping to act; otherwise nothing to do")
+
+
 @rule("unknown-waiver", "warning", "lint.waive names a rule that does not exist",
       "a misspelt waiver waives nothing")
 def unknown_waiver(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
@@ -444,6 +461,22 @@ def unknown_waiver(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
             close = difflib.get_close_matches(rid, list(RULES), n=1, cutoff=0.6)
             yield Hit(f"lint.waive.{rid}", f"lint.waive names unknown rule `{rid}`: {RULES['unknown-waiver'].why}",
                       f"did you mean `{close[0]}`?" if close else "rule ids: " + ", ".join(sorted(RULES)))
+
+
+@rule("waived-error", "error", "lint.waive names a rule that reports an error on this recipe",
+      "only warnings and infos can be waived: an error is a recipe that trains wrongly or not at all, "
+      "so the error stays")
+def waived_error(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    for rid in r.lint.waive:
+        rl = RULES.get(rid)
+        if rl is None or rid == "waived-error":
+            continue
+        errors = [h for h in rl.fn(r, ctx) or () if (h.severity or rl.severity) == "error"]
+        if errors:
+            h = errors[0]
+            yield Hit(f"lint.waive.{rid}", f"lint.waive.{rid} waives an error (`{rid}` at {h.path}): "
+                                           f"{RULES['waived-error'].why}",
+                      f"fix the recipe as `{rid}` says ({h.fix}), then remove lint.waive.{rid}")
 
 
 def run_rules(r: Recipe, ctx: Optional[Ctx] = None) -> Iterator[tuple]:

@@ -81,6 +81,12 @@ class KLCfg(Section):
     horizon: int = F(10000, "Adaptive controller horizon (samples).", ge=1, le=10_000_000)
 
 
+class RolloutCorrectionCfg(Section):
+    mode: Literal["auto", "none", "tis", "mis"] = F(
+        "auto", "Rollout/trainer mismatch correction: tis = truncated importance weights, mis = masked; auto = tis with vllm, none with hf.")
+    cap: float = F(2.0, "Importance-weight cap C: tis clips weights at C; mis zeroes tokens whose weight is outside [1/C, C].", gt=1, le=1000)
+
+
 class AlgorithmCfg(Section):
     name: AlgoName = F("grpo", "ppo (GAE + critic), grpo (group-normalised), rloo (leave-one-out), reinforce_pp (REINFORCE++).")
     group_size: int = F(4, "Samples per prompt (GRPO/RLOO groups; also n for the others).", ge=1, le=1024)
@@ -95,6 +101,8 @@ class AlgorithmCfg(Section):
     scale_by_std: bool = F(True, "GRPO: divide by the group std (False = Dr.GRPO).")
     whiten_advantages: bool = F(True, "PPO: whiten GAE advantages over the batch.")
     kl: KLCfg = F(KLCfg(), "KL regularisation to the reference model.")
+    rollout_correction: RolloutCorrectionCfg = F(
+        RolloutCorrectionCfg(), "Importance weights pi_behaviour / pi_rollout per token on the policy loss (docs/training.md).")
 
 
 class OptimCfg(Section):
@@ -150,6 +158,7 @@ class TrainCfg(Section):
     batch_size: int = F(32, "Sequences per optimizer update (via accumulation over micro batches).", ge=1, le=10_000_000)
     micro_batch_size: int = F(4, "Sequences per forward/backward pass, per rank (accumulated up to train.batch_size / world size).", ge=1, le=1_000_000)
     ppo_epochs: int = F(1, "Passes over each step's experience.", ge=1, le=100)
+    updates_per_step: int = F(1, "Optimizer updates per epoch: a step gathers this many train.batch_size batches (PPO mini-batches).", ge=1, le=1000)
 
 
 class TrainerCfg(Section):
@@ -237,7 +246,18 @@ class Recipe(Section):
 
     @property
     def gen_calls_per_step(self) -> int:
-        return max(1, self.train.batch_size // self.rollout.batch_size)
+        return max(1, self.train.updates_per_step * self.train.batch_size // self.rollout.batch_size)
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates one step runs: ppo_epochs passes x train.updates_per_step batches."""
+        return self.train.ppo_epochs * self.train.updates_per_step
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature every log-prob uses (rollout, behaviour, reference, update): the
+        sampling temperature, or 1 with greedy decoding (argmax ignores it)."""
+        return self.rollout.temperature if self.rollout.do_sample else 1.0
 
     @property
     def prompts_per_call(self) -> int:
@@ -258,7 +278,7 @@ def batch_plan(r: Recipe) -> dict:
         "sequences_per_step": calls * r.rollout.batch_size,
         "sequences_per_optimizer_update": r.train.batch_size,
         "micro_batches_per_update": r.micro_steps_per_update,
-        "optimizer_updates_per_step": r.train.ppo_epochs
-        * max(1, (calls * r.rollout.batch_size) // r.train.batch_size),
+        "updates_per_epoch": r.train.updates_per_step,
         "ppo_epochs": r.train.ppo_epochs,
+        "optimizer_updates_per_step": r.updates_per_step,
     }

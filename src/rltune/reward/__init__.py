@@ -96,7 +96,8 @@ class RewardComputer:
         self.cfg = cfg
         self.functions = [(spec, load_reward_function(spec, base_dir)) for spec in cfg.functions]
         self.weights = list(cfg.weights) if cfg.weights is not None else [1.0] * len(self.functions)
-        self.reward_model = reward_model  # callable(prompts, completions) -> list[float]
+        # callable(prompts, completions, conversations=...) -> list[float], e.g. RewardModelScorer
+        self.reward_model = reward_model
         self.moments = RunningMoments()
         self.log = log
         if not self.functions and reward_model is None:
@@ -141,7 +142,11 @@ class RewardComputer:
             self.log.warning(msg + "; scored 0 (reward.on_error: zero)")
         return [0.0] * n
 
-    def __call__(self, prompts: list[str], completions: list[str], columns: dict[str, list]) -> RewardResult:
+    def __call__(self, prompts: list[str], completions: list[str], columns: dict[str, list],
+                 conversations: list[list[dict]] | None = None) -> RewardResult:
+        """`conversations`: the prompt messages of each sample ({"role", "content"} dicts, no
+        assistant turn; see train.prompts.prompt_messages), for the reward model's chat template.
+        None: the reward model sees each prompt as one user message."""
         n = len(completions)
         total = [0.0] * n
         raw: dict[str, list[float]] = {}
@@ -150,7 +155,7 @@ class RewardComputer:
             raw[spec] = values
             total = [t + w * v for t, v in zip(total, values)]
         if self.reward_model is not None:
-            values = [float(v) for v in self.reward_model(prompts, completions)]
+            values = [float(v) for v in self.reward_model(prompts, completions, conversations=conversations)]
             raw["model"] = values
             total = [t + v for t, v in zip(total, values)]
         if self.cfg.normalize:

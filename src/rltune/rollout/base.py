@@ -16,6 +16,11 @@ class Sampling:
     stop: tuple[str, ...] = field(default_factory=tuple)
     greedy: bool = False            # eval: argmax decoding
 
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature of the reported log-probs: the sampling one; 1 for argmax decoding."""
+        return 1.0 if self.greedy else self.temperature
+
     @classmethod
     def from_recipe(cls, rollout_cfg, n: int, greedy: bool = False) -> "Sampling":
         return cls(n=n, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
@@ -25,14 +30,23 @@ class Sampling:
 
 class RolloutEngine(Protocol):
     name: str
+    eos_ids: set[int]      # token ids that end a response
+    pad_id: int            # id used to pad prompts (left) and responses (right)
+    reason: str            # one line: why this engine was picked (set by make_rollout)
 
     def generate(self, prompt_ids: list[list[int]], sampling: Sampling):
         """Sample `sampling.n` responses per prompt (prompt-major order) -> Experience
         with prompt/response tokens, masks and `rollout_logp` (log-probs of the sampled
-        tokens under the engine's weights, at the sampling temperature)."""
+        tokens under the engine's weights at `sampling.logprob_temperature`)."""
 
     def sync_weights(self, actor) -> float:
         """Push the actor's current weights into the engine; returns milliseconds."""
+
+    def sleep(self) -> None:
+        """Free the engine's device memory while the trainer runs (a no-op where unsupported)."""
+
+    def wake_up(self) -> None:
+        """Undo `sleep` before the next generation or weight sync."""
 
 
 def response_mask_from_ids(response_ids, eos_ids: set[int], pad_id: int | None):

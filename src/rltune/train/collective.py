@@ -32,6 +32,17 @@ def barrier() -> None:
         dist.barrier()
 
 
+def broadcast_int(value: int, src: int = 0) -> int:
+    """Rank `src`'s `value` on every rank (e.g. a seed drawn once for the whole run)."""
+    if world_size() == 1:
+        return int(value)
+    import torch.distributed as dist
+
+    t = torch.tensor([int(value)], dtype=torch.int64, device=_comm_device())
+    dist.broadcast(t, src=src)
+    return int(t.item())
+
+
 def gather_rows(x: torch.Tensor) -> torch.Tensor:
     """(b,) per rank -> (b * world,) on every rank (every rank holds the same b)."""
     if world_size() == 1:

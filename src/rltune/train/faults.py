@@ -1,6 +1,15 @@
 """Test hooks that inject faults at chosen steps (RLTUNE_FAULTS="actor_inf@3,reward_nan@5").
 
-Used by the tests to prove that a NaN/Inf never reaches the weights; inert when unset.
+One seam: `Faults.install(components)` wraps what a fault needs (the engines' training forward, the
+reward computer, the rollout engine's `sync_weights`) and the driver sets `faults.step` before
+each step. The loop and the update code know nothing about faults. Inert when unset.
+
+Kinds:
+  actor_inf / critic_nan   the role's training forward returns nan (a non-finite loss)
+  actor_grad_inf / critic_grad_inf
+                           the loss stays finite, its gradient becomes inf (non-finite gradient)
+  reward_nan               the first sample's reward is nan
+  skip_sync                the actor -> rollout weight sync is skipped (stale rollout weights)
 """
 
 from __future__ import annotations
@@ -8,9 +17,29 @@ from __future__ import annotations
 import os
 
 
+class _InfGrad:
+    """Identity in the forward pass, inf gradient in the backward pass."""
+
+    @staticmethod
+    def apply(x):
+        import torch
+
+        class Fn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                return t.clone()
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * float("inf")
+
+        return Fn.apply(x)
+
+
 class Faults:
     def __init__(self, spec: str):
         self.at: dict[str, set[int]] = {}
+        self.step = 0
         for item in filter(None, (s.strip() for s in spec.split(","))):
             kind, _, step = item.partition("@")
             self.at.setdefault(kind, set()).add(int(step))
@@ -20,18 +49,45 @@ class Faults:
         spec = os.environ.get("RLTUNE_FAULTS", "")
         return cls(spec) if spec else None
 
-    def _on(self, kind: str, step: int) -> bool:
-        return step in self.at.get(kind, ())
+    def on(self, kind: str) -> bool:
+        return self.step in self.at.get(kind, ())
 
-    def actor_inf(self, step: int) -> bool:
-        return self._on("actor_inf", step)
+    def install(self, c) -> None:
+        """Wrap the components' seams (in place)."""
+        self._hook_forward(c.actor, "actor_inf", "actor_grad_inf")
+        if c.critic is not None:
+            self._hook_forward(c.critic, "critic_nan", "critic_grad_inf")
+        rewards, faults = c.rewards, self
 
-    def critic_nan(self, step: int) -> bool:
-        return self._on("critic_nan", step)
+        class Rewards:
+            def __getattr__(self, name):
+                return getattr(rewards, name)
 
-    def skip_sync(self, step: int) -> bool:
-        return self._on("skip_sync", step)
+            def __call__(self, *args, **kw):
+                result = rewards(*args, **kw)
+                if faults.on("reward_nan") and result.scores:
+                    result.scores[0] = float("nan")
+                return result
 
-    def maybe_corrupt_rewards(self, step: int, scores: list[float]) -> None:
-        if self._on("reward_nan", step) and scores:
-            scores[0] = float("nan")
+        c.rewards = Rewards()
+        sync = c.rollout.sync_weights
+        c.rollout.sync_weights = lambda actor: 0.0 if self.on("skip_sync") else sync(actor)
+
+    def _hook_forward(self, engine, loss_kind: str, grad_kind: str) -> None:
+        """Corrupt the role's training forward (grad enabled; no-grad forwards stay clean)."""
+        import torch
+
+        def corrupt(x):
+            if self.on(loss_kind):
+                return x * float("nan")          # a non-finite loss
+            return _InfGrad.apply(x)              # a finite loss with an inf gradient
+
+        def hook(module, args, out):
+            if not torch.is_grad_enabled() or not (self.on(loss_kind) or self.on(grad_kind)):
+                return None
+            if isinstance(out, torch.Tensor):
+                return corrupt(out)
+            out.logits = corrupt(out.logits)
+            return out
+
+        engine.module.register_forward_hook(hook)

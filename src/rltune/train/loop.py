@@ -1,23 +1,30 @@
 """The training loop: one readable controller, numbered steps, every rank runs it (SPMD).
 
 Per step:
-  1. generate   train.batch_size / rollout.batch_size generation calls (group_size samples per prompt)
+  1. generate   train.updates_per_step x train.batch_size sequences (per step, over all ranks),
+                rollout.batch_size per generation call, group_size samples per prompt
   2. score      reward functions / reward model -> scores (B,)
   3. reference  reference log-probs (no autograd), when a KL term is used
-  4. old policy actor log-probs (no autograd) when ppo_epochs > 1; with one epoch the update's
-                own first forward is exactly on-policy, so it is not computed twice
+  4. behaviour  the actor's own log-probs under the weights that sampled (pi_behaviour, no
+                autograd), when something needs them before the first update: several updates
+                per step (the ratio's fixed denominator) or the KL in the reward. Otherwise the
+                first (and only) update's own forward is pi_behaviour and is recorded there.
   5. values     critic values (no autograd), PPO only
-  6. KL         in the reward (token rewards) or kept for the loss; the KL controller updates
-  7. advantages ppo = GAE, grpo / rloo = group baselines, reinforce_pp = whitened returns
-  8. update     ppo_epochs passes: actor then critic, micro-batched with weighted accumulation,
-                clipping, LR schedule, entropy bonus; a non-finite update is skipped
-  9. sync       actor weights -> rollout engine (timed: timing/sync_ms)
+  6. KL         in the reward (token rewards) or kept for the loss
+  7. advantages ppo = GAE, grpo / rloo = group baselines, reinforce_pp = globally whitened returns
+  8. update     ppo_epochs x updates_per_step optimizer updates: actor then critic, micro-batched
+                with weighted accumulation, clipping, rollout correction, entropy bonus; a
+                non-finite update is skipped
+  9. sync       actor weights -> rollout engine (timed: timing/sync_ms); the KL controller updates
  10. metrics    metrics.jsonl, trackers, health monitor, autotune, console
+
+Every log-prob (rollout, behaviour, reference, update) is taken at `recipe.logprob_temperature`.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,19 +33,20 @@ from ..algo import (
     gae,
     grpo_advantages,
     kl as kl_estimate,
+    discounted_returns,
     kl_in_reward,
-    reinforce_pp_advantages,
     rloo_advantages,
+    rollout_correction_weights,
 )
 from ..engine.roles import current_lr, set_lr
+from ..recipe.knobs import Knobs
 from ..rollout.base import Sampling
+from ..rollout.experience import Experience
 from .collective import gather_rows, global_sum, global_whiten
 from .console import LOG
-from .experience import Experience
 from .prompts import encode_prompt, prompt_text, reward_columns
 from .setup import Components
 from .update import (
-    Knobs,
     forward_logp,
     forward_values,
     make_actor_loss,
@@ -48,7 +56,8 @@ from .update import (
 
 
 def rollout_phase(c: Components) -> tuple[Experience, list[str], list[str], dict]:
-    """Step 1: generation calls until the step holds train.batch_size sequences (per rank)."""
+    """Step 1: generation calls until the step holds its updates_per_step x train.batch_size
+    sequences (this rank's share)."""
     r, tok = c.recipe, c.tokenizer
     n = r.algorithm.group_size
     parts, prompts, rows = [], [], []
@@ -60,7 +69,7 @@ def rollout_phase(c: Components) -> tuple[Experience, list[str], list[str], dict
             prompts += [prompt_text(row, c.train_set.prompt_key)] * n
             rows += [row] * n
     exp = parts[0] if len(parts) == 1 else Experience.concat(parts, c.rollout.pad_id)
-    getattr(c.rollout, "sleep", lambda: None)()  # free rollout memory while training (GPU vLLM)
+    c.rollout.sleep()  # free rollout memory while training (GPU vLLM; a no-op elsewhere)
     completions = decode(tok, exp, c.rollout)
     return exp, prompts, completions, reward_columns(rows, c.train_set.prompt_key)
 
@@ -77,37 +86,42 @@ def decode(tokenizer, exp: Experience, rollout) -> list[str]:
     return out
 
 
-def compute_advantages(c: Components, exp: Experience, kl_coef: float, logp0: torch.Tensor) -> dict:
-    """Steps 6-7: KL (in reward or for the loss) and advantages; fills exp in place."""
+def needs_behavior_forward(recipe, has_reference: bool) -> bool:
+    """Step 4 runs its own no-grad forward only when pi_behaviour is needed before the first
+    update: several updates per step (the ratio's denominator must stay fixed while the weights
+    move) or the KL folded into the reward (the advantages need it)."""
+    return recipe.updates_per_step > 1 or (has_reference and recipe.algorithm.kl.mode == "reward")
+
+
+def compute_advantages(c: Components, exp: Experience, kl_coef: float) -> None:
+    """Steps 6-7: the KL in the reward (when configured) and advantages; fills exp in place."""
     algo, mask = c.recipe.algorithm, exp.response_mask
-    stats = {}
-    kl_tok = None
-    if exp.ref_logp is not None:
-        kl_tok = kl_estimate(logp0, exp.ref_logp, algo.kl.estimator) * mask       # (B, T)
-        kl_seq = gather_rows(kl_tok.sum(-1))                                        # (B * world,)
-        n_tok = gather_rows(mask.sum(-1))
-        stats["kl"] = float(kl_seq.mean())                                          # per sequence
-        stats["kl/token_mean"] = float(kl_seq.sum() / n_tok.sum().clamp(min=1))
     in_reward = algo.kl.mode == "reward" and exp.ref_logp is not None
     scores = exp.scores                                                              # (B,)
     if algo.name in ("ppo", "reinforce_pp"):
         # token rewards: the score at the last token, minus coef * KL on every token when in reward
-        exp.token_rewards = kl_in_reward(scores, logp0, exp.ref_logp if in_reward else logp0, mask,
-                                         kl_coef if in_reward else 0.0, algo.kl.estimator)
+        if in_reward:
+            exp.token_rewards = kl_in_reward(scores, exp.behavior_logp, exp.ref_logp, mask, kl_coef,
+                                             algo.kl.estimator)
+        else:
+            zero = torch.zeros_like(mask)
+            exp.token_rewards = kl_in_reward(scores, zero, zero, mask, 0.0)
     if algo.name == "ppo":
         adv, ret = gae(exp.token_rewards, exp.old_values, mask, algo.gamma, algo.lam)
         exp.returns = ret
         exp.advantages = global_whiten(adv, mask) if algo.whiten_advantages else adv
     elif algo.name in ("grpo", "rloo"):
-        seq = scores - kl_coef * kl_tok.sum(-1) if in_reward else scores            # (B,)
+        seq = scores
+        if in_reward:
+            kl_tok = kl_estimate(exp.behavior_logp, exp.ref_logp, algo.kl.estimator) * mask  # (B, T)
+            seq = scores - kl_coef * kl_tok.sum(-1)                                          # (B,)
         if algo.name == "grpo":
             adv = grpo_advantages(seq, algo.group_size, scale_by_std=algo.scale_by_std)
         else:
             adv = rloo_advantages(seq, algo.group_size)
         exp.advantages = broadcast_to_tokens(adv, mask)                              # (B, T)
-    else:  # reinforce_pp
-        exp.advantages = reinforce_pp_advantages(exp.token_rewards, mask, algo.gamma)
-    return stats
+    else:  # reinforce_pp: returns whitened over the global batch (every rank's tokens)
+        exp.advantages = global_whiten(discounted_returns(exp.token_rewards, mask, algo.gamma), mask)
 
 
 def micro_batches(exp: Experience, micro: int, update_size: int, gen: torch.Generator) -> list[list[Experience]]:
@@ -121,12 +135,89 @@ def micro_batches(exp: Experience, micro: int, update_size: int, gen: torch.Gene
     return updates
 
 
-def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, faults=None) -> dict:
+@dataclass
+class Learned:
+    """What steps 3-8 produce besides the filled-in experience."""
+    actor: list = field(default_factory=list)     # UpdateResult per actor update
+    critic: list = field(default_factory=list)    # UpdateResult per critic update
+    timings: dict = field(default_factory=dict)
+
+
+def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator) -> Learned:
+    """Steps 3-8 on one step's scored experience (on the training device)."""
+    r = c.recipe
+    micro, temp = r.train.micro_batch_size, r.logprob_temperature
+    out = Learned()
+    exp.index = torch.arange(exp.size, device=exp.response_ids.device)
+
+    # 3. reference log-probs
+    t0 = time.perf_counter()
+    if c.reference is not None:
+        exp.ref_logp = forward_logp(c.reference.module, exp, temp, micro)           # (B, T)
+    out.timings["timing/reference_s"] = time.perf_counter() - t0
+
+    # 4. behaviour log-probs (an extra forward only when needed before the first update)
+    t0 = time.perf_counter()
+    if needs_behavior_forward(r, exp.ref_logp is not None):
+        c.actor.eval()
+        exp.behavior_logp = forward_logp(c.actor.module, exp, temp, micro)          # (B, T)
+
+    # 5. values
+    if c.critic is not None:
+        c.critic.eval()
+        exp.old_values = forward_values(c.critic.module, exp, micro)                 # (B, T)
+    out.timings["timing/old_s"] = time.perf_counter() - t0
+
+    # 6-7. KL and advantages
+    compute_advantages(c, exp, knobs.kl_coef)
+
+    # 8. updates: ppo_epochs passes, each train.updates_per_step optimizer updates
+    t0 = time.perf_counter()
+    sink = torch.zeros_like(exp.response_mask) if exp.behavior_logp is None else None
+    actor_loss = make_actor_loss(c.actor, r, knobs, c.correction, behavior_sink=sink)
+    critic_loss = make_critic_loss(c.critic, r) if c.critic is not None else None
+    update_size = max(1, r.train.batch_size // c.dist.world_size)
+    for _epoch in range(r.train.ppo_epochs):
+        for mbs in micro_batches(exp, micro, update_size, gen):
+            out.actor.append(run_update(c.actor, mbs, actor_loss, r.algorithm.loss_agg))
+            if critic_loss is not None:
+                out.critic.append(run_update(c.critic, mbs, critic_loss, r.algorithm.loss_agg))
+    if sink is not None:  # pi_behaviour as the single update's forward saw it
+        exp.behavior_logp = sink
+    out.timings["timing/train_s"] = time.perf_counter() - t0
+    return out
+
+
+def policy_metrics(c: Components, exp: Experience) -> dict:
+    """KL to the reference and the rollout/trainer mismatch, over the global batch."""
+    algo, mask = c.recipe.algorithm, exp.response_mask
+    m: dict = {}
+    if exp.ref_logp is not None:
+        kl_seq = gather_rows((kl_estimate(exp.behavior_logp, exp.ref_logp, algo.kl.estimator) * mask).sum(-1))
+        n_tok = gather_rows(mask.sum(-1))
+        m["kl"] = float(kl_seq.mean())                                               # per sequence
+        m["kl/token_mean"] = float(kl_seq.sum() / n_tok.sum().clamp(min=1))
+    if exp.rollout_logp is not None:
+        # the share capped is reported in the configured mode (tis semantics when correction is off)
+        mode = c.correction if c.correction != "none" else "tis"
+        diff = (exp.behavior_logp - exp.rollout_logp).abs() * mask                     # (B, T)
+        _, st = rollout_correction_weights(exp.behavior_logp, exp.rollout_logp, mask, mode,
+                                           algo.rollout_correction.cap)
+        d_sum, n, w_sum, capped = global_sum([float(diff.sum()), float(st["n"]), float(st["w_sum"]),
+                                              float(st["capped"])])
+        local_max = torch.stack([diff.max() if diff.numel() else diff.new_zeros(()), st["w_max"].to(diff.dtype)])
+        maxes = gather_rows(local_max[None, :])                                        # (world, 2)
+        m["rollout/logprob_diff_mean"] = d_sum / max(n, 1.0)
+        m["rollout/logprob_diff_max"] = float(maxes[:, 0].max())
+        m["rollout/is_weight_mean"] = w_sum / max(n, 1.0)
+        m["rollout/is_weight_max"] = float(maxes[:, 1].max())
+        m["rollout/is_capped_frac"] = capped / max(n, 1.0)
+    return m
+
+
+def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator) -> dict:
     """One RL step; returns its metrics."""
     r = c.recipe
-    algo = r.algorithm
-    micro = r.train.micro_batch_size
-    temp = r.rollout.temperature
     t_start = time.perf_counter()
     timings = {}
 
@@ -141,8 +232,6 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, fau
     if r.logging.sample_every and step % r.logging.sample_every == 0 and c.dist.is_main:
         LOG.info("[Sample] step=%d reward=%.3f prompt=%r completion=%r", step, result.scores[0],
                  prompts[0][-80:], completions[0][:200])
-    if faults is not None:
-        faults.maybe_corrupt_rewards(step, result.scores)
     exp.scores = torch.tensor(result.scores, dtype=torch.float32)                     # (B,)
     exp = exp.to(c.dist.device)  # the rollout hands back CPU tensors; the models may be on a GPU
     if not torch.isfinite(exp.scores).all():
@@ -153,54 +242,18 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, fau
                           "check the reward model / normalisation")
     timings["timing/reward_s"] = time.perf_counter() - t0
 
-    # 3. reference log-probs
-    t0 = time.perf_counter()
-    if c.reference is not None:
-        exp.ref_logp = forward_logp(c.reference.module, exp, temp, micro)           # (B, T)
-    timings["timing/reference_s"] = time.perf_counter() - t0
+    # 3-8. reference, behaviour, values, KL, advantages, updates
+    learned = learn(c, exp, knobs, gen)
+    timings.update(learned.timings)
 
-    # 4. old policy log-probs (only when the experience is reused over several epochs)
-    t0 = time.perf_counter()
-    if r.train.ppo_epochs > 1 or exp.rollout_logp is None:
-        c.actor.eval()
-        exp.old_logp = forward_logp(c.actor.module, exp, temp, micro)               # (B, T)
-    logp0 = exp.old_logp if exp.old_logp is not None else exp.rollout_logp           # (B, T)
-
-    # 5. values
-    if c.critic is not None:
-        c.critic.eval()
-        exp.old_values = forward_values(c.critic.module, exp, micro)                 # (B, T)
-    timings["timing/old_s"] = time.perf_counter() - t0
-
-    # 6-7. KL and advantages
-    kl_stats = compute_advantages(c, exp, knobs.kl_coef, logp0)
-
-    # 8. updates
-    t0 = time.perf_counter()
-    probe: dict = {}  # the first pass compares the actor's log-probs with the rollout's
-    critic_loss = make_critic_loss(c.critic, r) if c.critic is not None else None
-    update_size = max(1, r.train.batch_size // c.dist.world_size)
-    actor_results, critic_results = [], []
-    for epoch in range(r.train.ppo_epochs):
-        actor_loss = make_actor_loss(c.actor, r, knobs, temp, algo.kl.mode == "loss",
-                                     probe if epoch == 0 else None)
-        for mbs in micro_batches(exp, micro, update_size, gen):
-            actor_results.append(run_update(c.actor, mbs, actor_loss, algo.loss_agg,
-                                            force_nonfinite=bool(faults and faults.actor_inf(step))))
-            if critic_loss is not None:
-                critic_results.append(run_update(c.critic, mbs, critic_loss, algo.loss_agg,
-                                                 force_nonfinite=bool(faults and faults.critic_nan(step))))
-    timings["timing/train_s"] = time.perf_counter() - t0
-
-    # 9. weight sync actor -> rollout engine
-    getattr(c.rollout, "wake_up", lambda: None)()
-    sync_ms = 0.0 if (faults and faults.skip_sync(step)) else c.rollout.sync_weights(c.actor)
+    # 9. weight sync actor -> rollout engine; the KL controller (adaptive with algorithm.kl.target)
+    c.rollout.wake_up()
+    sync_ms = c.rollout.sync_weights(c.actor)
     timings["timing/sync_ms"] = sync_ms
     LOG.debug("Actor resharding time: %d ms", round(sync_ms))
-
-    # KL controller (adaptive when algorithm.kl.target is set)
-    if "kl" in kl_stats:
-        c.kl_ctl.update(kl_stats["kl"], exp.size * c.dist.world_size)
+    pm = policy_metrics(c, exp)
+    if "kl" in pm:
+        c.kl_ctl.update(pm["kl"], exp.size * c.dist.world_size)
         knobs.kl_coef = c.kl_ctl.coef
 
     # 10. metrics (over the global batch: every rank's sequences)
@@ -213,8 +266,8 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, fau
         "step": step,
         "reward/mean": float(scores.mean()),
         "reward/std": float(scores.std()) if scores.numel() > 1 else 0.0,
-        "kl": kl_stats.get("kl", 0.0),
-        "kl/token_mean": kl_stats.get("kl/token_mean", 0.0),
+        "kl": pm.pop("kl", 0.0),
+        "kl/token_mean": pm.pop("kl/token_mean", 0.0),
         "kl_coef": knobs.kl_coef,
         "response/length_mean": float(lengths.mean()),
         "response/clip_ratio": float((lengths >= r.rollout.max_new_tokens).float().mean()),
@@ -223,14 +276,11 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, fau
     }
     for spec, values in result.raw.items():
         m[f"reward/{spec}"] = float(gather_rows(torch.tensor(values, dtype=torch.float64)).mean())
-    m.update(_role_metrics("actor", actor_results, c.actor))
+    m.update(_role_metrics("actor", learned.actor, c.actor))
     if c.critic is not None:
-        m.update(_role_metrics("critic", critic_results, c.critic))
+        m.update(_role_metrics("critic", learned.critic, c.critic))
         m["critic/explained_var"] = explained_variance(exp.old_values, exp.returns, mask)
-    if probe.get("n"):
-        total, n = global_sum([probe["sum"], probe["n"]])
-        m["rollout/logprob_diff_mean"] = total / max(n, 1.0)
-        m["rollout/logprob_diff_max"] = float(gather_rows(torch.tensor([probe["max"]])).max())
+    m.update(pm)
     m.update(timings)
     return m
 

@@ -7,13 +7,23 @@ def uses_chat_template(tokenizer, data_cfg) -> bool:
     return bool(data_cfg.apply_chat_template and getattr(tokenizer, "chat_template", None))
 
 
+def prompt_messages(row: dict, prompt_key: str, data_cfg) -> list[dict]:
+    """The prompt as chat messages ({"role", "content"} dicts, no assistant turn), exactly as
+    the policy's chat template receives them: a list-of-messages prompt as it is, a text prompt
+    as one user message; `data.system_prompt` first when set and the prompt has no system turn.
+    The reward model renders these with its own chat template."""
+    value = row[prompt_key]
+    messages = list(value) if isinstance(value, list) else [{"role": "user", "content": str(value)}]
+    if data_cfg.system_prompt and not any(m.get("role") == "system" for m in messages):
+        messages = [{"role": "system", "content": data_cfg.system_prompt}] + messages
+    return messages
+
+
 def encode_prompt(row: dict, tokenizer, data_cfg, prompt_key: str) -> list[int]:
     """Token ids of one prompt, left-truncated to `data.max_prompt_length`."""
     value = row[prompt_key]
     if uses_chat_template(tokenizer, data_cfg):
-        messages = value if isinstance(value, list) else [{"role": "user", "content": str(value)}]
-        if data_cfg.system_prompt and not any(m.get("role") == "system" for m in messages):
-            messages = [{"role": "system", "content": data_cfg.system_prompt}] + messages
+        messages = prompt_messages(row, prompt_key, data_cfg)
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]

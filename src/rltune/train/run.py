@@ -103,6 +103,8 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
     stop = _Stop()
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     faults = Faults.from_env()
+    if faults is not None:
+        faults.install(c)
     skipped_in_a_row = int(state.get("skipped_in_a_row", 0)) if resume_path is not None else 0
     eval_start = state.get("eval_start") if resume_path is not None else None
     r = recipe
@@ -113,7 +115,9 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
     step, exit_code = start, 0
     try:
         for step in range(start + 1, r.trainer.max_steps + 1):
-            m = train_step(c, step, knobs, gen, faults)
+            if faults is not None:
+                faults.step = step
+            m = train_step(c, step, knobs, gen)
             skipped = m.get("actor/skipped_updates", 0) + m.get("critic/skipped_updates", 0)
             skipped_in_a_row = skipped_in_a_row + 1 if skipped else 0
             m["health/skipped_steps"] = skipped_in_a_row

@@ -6,16 +6,22 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Union
 
 from ..data import PromptSampler, PromptSet, load_prompts
 from ..engine.distributed import DistInfo
+from ..errors import UserError
 from ..recipe.schema import Recipe
 from .console import LOG
 from .prompts import uses_chat_template
 
+if TYPE_CHECKING:  # types only: building them imports torch, transformers and deepspeed
+    from deepspeed import DeepSpeedEngine
+    from transformers import PreTrainedTokenizerBase
 
-from ..errors import UserError
+    from ..algo.kl import AdaptiveKLController, FixedKLController
+    from ..reward import RewardComputer
+    from ..rollout.base import RolloutEngine
 
 
 class TrainError(UserError):
@@ -26,16 +32,27 @@ class TrainError(UserError):
 class Components:
     recipe: Recipe
     dist: DistInfo
-    tokenizer: Any
+    tokenizer: "PreTrainedTokenizerBase"
     train_set: PromptSet
     eval_set: PromptSet | None
     sampler: PromptSampler
-    rewards: Any            # RewardComputer
-    actor: Any              # DeepSpeed engine
-    critic: Any | None      # DeepSpeed engine (PPO)
-    reference: Any | None   # DeepSpeed engine (None when no KL is computed)
-    rollout: Any            # RolloutEngine
-    kl_ctl: Any
+    rewards: "RewardComputer"
+    actor: "DeepSpeedEngine"
+    critic: "DeepSpeedEngine | None"        # PPO only
+    reference: "DeepSpeedEngine | None"     # None when no KL is computed
+    rollout: "RolloutEngine"
+    kl_ctl: "Union[FixedKLController, AdaptiveKLController]"
+    correction: str = "none"                # algorithm.rollout_correction.mode, resolved: none | tis | mis
+
+
+def resolve_correction(recipe: Recipe, engine_name: str) -> str:
+    """`auto` corrects the mismatch where there is one to correct: vLLM's kernels (and its
+    truncated top-p/top-k log-probs) differ from the trainer's; the hf engine runs the trainer's
+    own model code, so its log-probs match pi_behaviour to rounding."""
+    mode = recipe.algorithm.rollout_correction.mode
+    if mode != "auto":
+        return mode
+    return "tis" if engine_name == "vllm" else "none"
 
 
 def seed_everything(seed: int | None, rank: int) -> None:
@@ -64,7 +81,11 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path) -> Components:
 
     if recipe.trainer.threads:
         torch.set_num_threads(recipe.trainer.threads)
-    seed = recipe.trainer.seed if recipe.trainer.seed is not None else random.randrange(2**31)
+    seed = recipe.trainer.seed
+    if seed is None:  # drawn once on rank 0 and shared: every rank must shuffle the prompts alike
+        from .collective import broadcast_int
+
+        seed = broadcast_int(random.randrange(2**31))
     seed_everything(seed, dist.rank)
 
     # tokenizer and data
@@ -98,7 +119,7 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path) -> Components:
     rewards = RewardComputer(recipe.reward, recipe_dir, reward_model, LOG)
 
     # engines: one deepspeed.initialize per role
-    total_updates = recipe.trainer.max_steps * recipe.train.ppo_epochs
+    total_updates = recipe.trainer.max_steps * recipe.updates_per_step  # the LR schedule counts updates
     actor = build_actor(recipe, dist.device, total_updates)
     critic = build_critic(recipe, dist.device, total_updates) if recipe.has_critic else None
     reference = build_reference(recipe, dist.device) if needs_reference(recipe) else None
@@ -114,8 +135,15 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path) -> Components:
 
     kl = recipe.algorithm.kl
     kl_ctl = make_kl_controller(kl.coef, kl.target, kl.horizon)
+    correction = resolve_correction(recipe, rollout.name)
+    ro = recipe.rollout
+    LOG.info("sampling: %s, temperature %g, top_p %g, top_k %s, max_new_tokens %d, %d per prompt; "
+             "log-probs at temperature %g; rollout correction %s%s",
+             "on" if ro.do_sample else "greedy", ro.temperature, ro.top_p, ro.top_k or "off", ro.max_new_tokens,
+             recipe.algorithm.group_size, recipe.logprob_temperature, correction,
+             f" (cap {recipe.algorithm.rollout_correction.cap:g})" if correction != "none" else "")
     return Components(recipe, dist, tokenizer, train_set, eval_set, sampler, rewards, actor, critic,
-                      reference, rollout, kl_ctl)
+                      reference, rollout, kl_ctl, correction)
 
 
 def _check_meshes(recipe: Recipe, dist: DistInfo) -> None:

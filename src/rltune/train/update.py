@@ -20,11 +20,12 @@ from ..algo import (
     kl as kl_estimate,
     logprobs_from_logits,
     policy_loss,
+    rollout_correction_weights,
     value_loss,
 )
-from ..monitor.autotune import Knobs  # noqa: F401 - the knob values autotune may change
+from ..recipe.knobs import Knobs
+from ..rollout.experience import Experience
 from .collective import global_sum, world_size
-from .experience import Experience
 
 TOKEN_LEVEL = ("token-mean",)
 SEQ_LEVEL = ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -74,8 +75,7 @@ def _zero_loss(engine) -> torch.Tensor:
     return sum(p.reshape(-1)[:1].sum() * 0.0 for p in params)
 
 
-def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: str,
-               force_nonfinite: bool = False) -> UpdateResult:
+def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: str) -> UpdateResult:
     """Forward/backward every micro-batch, then one guarded optimizer step."""
     # DeepSpeed averages gradients over ranks, so a rank's share of the global update is its
     # micro-batch weight (over the global batch) times the world size
@@ -87,8 +87,6 @@ def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: 
     for mb in micro_batches:
         w = micro_weight(mb.response_mask, total_tokens, total_seqs, agg) * world
         loss, stats = loss_fn(mb)
-        if force_nonfinite:
-            loss = loss * float("inf")
         if not torch.isfinite(loss):
             bad, result.reason = True, f"loss {float(loss.detach())}"
             # keep the number of backward calls equal on every rank (ZeRO-2/3 reduce in
@@ -124,10 +122,19 @@ def response_logits(model, mb: Experience, temperature: float) -> torch.Tensor:
     return out.logits[:, :-1].float() / temperature
 
 
-def make_actor_loss(actor, recipe, knobs: Knobs, temperature: float, kl_in_loss: bool,
-                    logprob_probe: dict | None = None):
-    """The actor's micro-batch loss: clipped surrogate - entropy bonus (+ KL if in loss)."""
+def make_actor_loss(actor, recipe, knobs: Knobs, correction: str = "none",
+                    behavior_sink: torch.Tensor | None = None):
+    """The actor's micro-batch loss: clipped surrogate (x rollout-correction weights) - entropy
+    bonus (+ KL if in loss).
+
+    pi_behaviour is `mb.behavior_logp` when step 4 computed it; otherwise this forward is the
+    step's only update, so its own detached log-probs are pi_behaviour (ratio exactly 1) and
+    are written into `behavior_sink` (B, T) at the micro-batch's rows for the step's metrics.
+    `correction` is the resolved `algorithm.rollout_correction.mode` (none | tis | mis).
+    """
     algo = recipe.algorithm
+    temperature = recipe.logprob_temperature
+    norm_len = recipe.rollout.max_new_tokens   # Dr.GRPO's constant (seq-mean-token-sum-norm)
 
     def loss_fn(mb: Experience):
         mask = mb.response_mask                                        # (b, T)
@@ -138,24 +145,28 @@ def make_actor_loss(actor, recipe, knobs: Knobs, temperature: float, kl_in_loss:
         else:
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach())
-        old = mb.old_logp if mb.old_logp is not None else logp.detach()
-        loss, stats = policy_loss(logp, old, mb.advantages, mask, knobs.clip_range,
-                                  clip_high=algo.clip_range_high, dual_clip=algo.dual_clip, agg=algo.loss_agg)
-        ent = aggregate(entropy, mask, algo.loss_agg)
+        behavior = mb.behavior_logp
+        if behavior is None:
+            behavior = logp.detach()
+            if behavior_sink is not None:
+                behavior_sink[mb.index] = behavior * mask
+        weights = None
+        if correction != "none" and mb.rollout_logp is not None:
+            weights, _ = rollout_correction_weights(behavior, mb.rollout_logp, mask, correction,
+                                                    algo.rollout_correction.cap)      # (b, T)
+        loss, stats = policy_loss(logp, behavior, mb.advantages, mask, knobs.clip_range,
+                                  clip_high=algo.clip_range_high, dual_clip=algo.dual_clip, agg=algo.loss_agg,
+                                  weights=weights, norm_len=norm_len)
+        ent = aggregate(entropy, mask, algo.loss_agg, norm_len)
         if knobs.entropy_coef > 0:
             loss = loss - knobs.entropy_coef * ent
         stats = {k: float(v) for k, v in stats.items()}
         stats["entropy"] = float(aggregate(entropy.detach(), mask, "token-mean"))
-        if kl_in_loss and mb.ref_logp is not None:
+        if algo.kl.mode == "loss" and mb.ref_logp is not None:
             kl_t = kl_estimate(logp, mb.ref_logp, algo.kl.estimator)   # (b, T)
-            kl_term = aggregate(kl_t, mask, algo.loss_agg)
+            kl_term = aggregate(kl_t, mask, algo.loss_agg, norm_len)
             loss = loss + knobs.kl_coef * kl_term
             stats["kl_loss"] = float(kl_term.detach())
-        if logprob_probe is not None and mb.rollout_logp is not None:
-            diff = ((logp.detach() - mb.rollout_logp).abs() * mask)
-            logprob_probe["sum"] = logprob_probe.get("sum", 0.0) + float(diff.sum())
-            logprob_probe["n"] = logprob_probe.get("n", 0.0) + float(mask.sum())
-            logprob_probe["max"] = max(logprob_probe.get("max", 0.0), float(diff.max()) if diff.numel() else 0.0)
         return loss, stats
 
     return loss_fn
@@ -163,12 +174,13 @@ def make_actor_loss(actor, recipe, knobs: Knobs, temperature: float, kl_in_loss:
 
 def make_critic_loss(critic, recipe):
     algo = recipe.algorithm
+    norm_len = recipe.rollout.max_new_tokens
 
     def loss_fn(mb: Experience):
         T = mb.response_ids.shape[1]
         values = critic(**mb.model_inputs())[:, -T - 1:-1].float()    # (b, T) value before each token
         loss, stats = value_loss(values, mb.old_values, mb.returns, mb.response_mask, algo.value_clip,
-                                 agg=algo.loss_agg)
+                                 agg=algo.loss_agg, norm_len=norm_len)
         return loss, {k: float(v) for k, v in stats.items()}
 
     return loss_fn

@@ -18,14 +18,16 @@ class Experience:
     prompt_mask: torch.Tensor         # (B, P) long, 1 = real token
     response_ids: torch.Tensor        # (B, T) long, right-padded
     response_mask: torch.Tensor       # (B, T) float, 1 = generated token up to and including EOS
-    rollout_logp: Optional[torch.Tensor] = None  # (B, T) log-prob the rollout engine sampled with
+    rollout_logp: Optional[torch.Tensor] = None  # (B, T) log-probs the rollout engine reports (pi_rollout)
+    index: Optional[torch.Tensor] = None         # (B,) long: row number in the step (kept by `select`)
 
     # -- outcome (from the reward functions / model) --
     scores: Optional[torch.Tensor] = None        # (B,) reward per sequence
 
     # -- model outputs without autograd --
     ref_logp: Optional[torch.Tensor] = None      # (B, T) reference model log-probs
-    old_logp: Optional[torch.Tensor] = None      # (B, T) actor log-probs before this step's updates
+    behavior_logp: Optional[torch.Tensor] = None  # (B, T) actor log-probs under the weights that sampled
+                                                  # (pi_behaviour: the ratio's denominator, the KL's policy)
     old_values: Optional[torch.Tensor] = None    # (B, T) critic values before the updates (PPO)
 
     # -- learning targets --

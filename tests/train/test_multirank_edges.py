@@ -1,0 +1,129 @@
+"""Multi-rank edge cases (issue 10, item 9): drop_last false, seed null, attn auto on cuda:N."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+
+import pytest
+
+from rltune.data import PromptSampler
+
+
+def _ranks(n, bs, world, seed=7, drop_last=False):
+    return [PromptSampler(n, bs, seed, True, drop_last, rank, world) for rank in range(world)]
+
+
+@pytest.mark.parametrize("n,bs,world", [(10, 3, 2), (7, 2, 2), (5, 4, 2), (10, 3, 1)])
+def test_drop_last_false_gives_every_rank_full_batches_and_covers_every_prompt(n, bs, world):
+    samplers = _ranks(n, bs, world)
+    stream = []
+    for _ in range(12):
+        batches = [s.next_batch() for s in samplers]
+        assert [len(b) for b in batches] == [bs] * world
+        stream += [i for b in batches for i in b]
+    # the global stream is one permutation per epoch, back to back: nothing dropped, nothing twice
+    assert len(stream) >= 2 * n
+    for e in range(len(stream) // n):
+        assert sorted(stream[e * n:(e + 1) * n]) == list(range(n))
+
+
+def _epoch_order(n, seed, epoch):
+    s = PromptSampler(n, 1, seed, True, False)
+    s.load_state_dict({"epoch": epoch, "cursor": 0, "seed": seed})
+    return s._order
+
+
+def test_drop_last_false_tops_up_from_the_next_epoch():
+    s0, s1 = _ranks(5, 2, 2)
+    first = s0.next_batch() + s1.next_batch()
+    second = s0.next_batch() + s1.next_batch()
+    assert s0.state_dict() == s1.state_dict() == {"epoch": 1, "cursor": 3, "seed": 7, "n": 5}
+    e0, e1 = _epoch_order(5, 7, 0), _epoch_order(5, 7, 1)
+    assert e0 != e1
+    # the last prompt of epoch 0, then the first 3 of epoch 1; epoch 1 goes on from its 4th
+    assert first == e0[:4] and second == e0[4:] + e1[:3]
+    assert s0.next_batch() + s1.next_batch() == e1[3:] + _epoch_order(5, 7, 2)[:2]
+
+
+def test_drop_last_true_skips_the_remainder():
+    s0, s1 = _ranks(10, 3, 2, drop_last=True)
+    for _ in range(5):
+        a, b = s0.next_batch(), s1.next_batch()
+        assert len(a) == len(b) == 3 and not set(a) & set(b)
+    assert s0.epoch == 4  # 6 of 10 prompts per epoch, 4 dropped
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_resume_mid_epoch_draws_the_same_prompts(drop_last):
+    ref = _ranks(11, 2, 2, drop_last=drop_last)
+    expected = [[s.next_batch() for s in ref] for _ in range(9)]
+    run = _ranks(11, 2, 2, drop_last=drop_last)
+    got = [[s.next_batch() for s in run] for _ in range(4)]
+    states = [s.state_dict() for s in run]
+    # a resumed run; with trainer.seed null it would draw another seed: the saved one wins
+    resumed = _ranks(11, 2, 2, seed=12345, drop_last=drop_last)
+    for s, st in zip(resumed, states):
+        s.load_state_dict(st)
+    got += [[s.next_batch() for s in resumed] for _ in range(5)]
+    assert got == expected
+
+
+def test_sampler_errors_name_the_fix():
+    with pytest.raises(ValueError, match="data.drop_last: false"):
+        PromptSampler(3, 2, 0, drop_last=True, world_size=2)
+    with pytest.raises(ValueError, match="no prompts"):
+        PromptSampler(0, 2, 0, drop_last=False)
+
+
+# ---- trainer.seed: null -> one seed for all ranks
+
+def test_broadcast_int_one_rank_is_the_value():
+    from rltune.train.collective import broadcast_int
+
+    assert broadcast_int(123) == 123
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _broadcast_worker(rank, world, port, out_dir):
+    import random
+
+    import torch.distributed as dist
+
+    from rltune.train.collective import broadcast_int
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        value = broadcast_int(random.Random(rank).randrange(2**31))  # every rank draws its own
+        (out_dir / f"rank{rank}").write_text(str(value))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_broadcast_int_two_ranks_share_rank0s_value(tmp_path):
+    import random
+
+    import torch.multiprocessing as mp
+
+    mp.spawn(_broadcast_worker, args=(2, _free_port(), tmp_path), nprocs=2, join=True)
+    values = [int((tmp_path / f"rank{r}").read_text()) for r in range(2)]
+    assert values == [random.Random(0).randrange(2**31)] * 2
+
+
+# ---- model.attn_implementation: auto on cuda:N
+
+@pytest.mark.parametrize("device,want", [("cuda:0", "flash_attention_2"), ("cuda:3", "flash_attention_2"),
+                                         ("cuda", "flash_attention_2"), ("cpu", "sdpa")])
+def test_attn_auto_detects_cuda_devices(monkeypatch, device, want):
+    from rltune.models.loading import attn_impl
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: object() if name == "flash_attn" else real(name, *a, **k))
+    assert attn_impl("auto", device) == want
+    assert attn_impl("eager", device) == "eager"
