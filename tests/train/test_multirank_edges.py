@@ -127,3 +127,33 @@ def test_attn_auto_detects_cuda_devices(monkeypatch, device, want):
                         lambda name, *a, **k: object() if name == "flash_attn" else real(name, *a, **k))
     assert attn_impl("auto", device) == want
     assert attn_impl("eager", device) == "eager"
+
+
+def test_reward_normaliser_sees_the_global_batch():
+    """Two ranks scoring different completions end with the same normaliser state: the one a
+    single rank scoring all of them has."""
+    from rltune.recipe.schema import RewardCfg
+    from rltune.reward import RewardComputer
+
+    cfg = RewardCfg(functions=["builtin:format"], normalize=True)
+    completions = {0: ["12", "twelve"], 1: ["7", "the answer is 7 because"]}
+    single = RewardComputer(cfg)
+    single(["p"] * 4, completions[0] + completions[1], {})
+    raw = {r: RewardComputer(cfg)(["p"] * 2, completions[r], {}, training=False).scores for r in (0, 1)}
+    assert raw[0] != raw[1]
+    for rank in (0, 1):
+        rc = RewardComputer(cfg, gather=lambda values, rank=rank: values + raw[1 - rank] if rank == 0
+                            else raw[0] + values)
+        rc(["p"] * 2, completions[rank], {})
+        assert rc.state_dict() == single.state_dict()
+
+
+def test_eval_rewards_leave_the_normaliser_alone():
+    from rltune.recipe.schema import RewardCfg
+    from rltune.reward import RewardComputer
+
+    rc = RewardComputer(RewardCfg(functions=["builtin:format"], normalize=True))
+    before = rc.state_dict()
+    res = rc(["1+1="], ["2"], {}, training=False)
+    assert rc.state_dict() == before
+    assert res.scores == res.raw["builtin:format"]

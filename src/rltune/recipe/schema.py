@@ -49,7 +49,7 @@ class DataCfg(Section):
     apply_chat_template: bool = F(True, "Wrap prompts with the tokenizer's chat template when it has one.")
     system_prompt: Optional[str] = F(None, "System message prepended when the chat template is applied.")
     shuffle: bool = F(True, "Shuffle prompts each epoch (seeded by trainer.seed).")
-    drop_last: bool = F(True, "Drop the last incomplete batch of an epoch.")
+    drop_last: bool = F(True, "true: skip an epoch's last prompts that cannot fill a global batch; false: use them, topped up with the next epoch's first prompts (every rank always gets full batches).")
     builtin_size: int = F(2000, "Number of prompts a builtin task generates for training.", ge=8, le=1_000_000)
     builtin_digits: int = F(1, "Digits per operand for builtin:arithmetic.", ge=1, le=6)
     eval_size: int = F(32, "Number of eval prompts used per evaluation.", ge=1, le=100_000)
@@ -58,9 +58,9 @@ class DataCfg(Section):
 class RewardCfg(Section):
     functions: list[str] = F([], "Reward functions: builtin:NAME, module:function or path/to/file.py:function.")
     weights: Optional[list[float]] = F(None, "Weights of the reward functions (default 1 each); the model, if any, weighs 1.")
-    model: Optional[str] = F(None, "Reward model (sequence classification, one logit) scoring prompt + response.")
+    model: Optional[str] = F(None, "Reward model (sequence classification, one logit) scoring the conversation rendered with its own tokenizer's chat template (plain prompt + response without one).")
     max_length: int = F(1024, "Reward model max input length (prompt + response tokens).", ge=8, le=131072)
-    normalize: bool = F(False, "Normalise rewards with running mean/std before advantages.")
+    normalize: bool = F(False, "Normalise rewards with a running mean/std over the global batch (all ranks) before advantages.")
     clip: Optional[float] = F(None, "Clip rewards to [-clip, clip] after normalisation.", gt=0, le=1e6)
     on_error: Literal["raise", "zero"] = F("raise", "A reward function that raises or returns NaN: stop the run, or score 0 and warn.")
 
@@ -164,7 +164,7 @@ class TrainCfg(Section):
 class TrainerCfg(Section):
     output_dir: str = F("runs/rltune", "Run directory: metrics, events, checkpoints, final model.")
     max_steps: int = F(100, "Training steps (one step = one batch of experience, then updates).", ge=1, le=10_000_000)
-    seed: Optional[int] = F(42, "Seed for python, numpy, torch and the sampler; None = not reproducible.", ge=0, le=2**32 - 1)
+    seed: Optional[int] = F(42, "Seed for python, numpy, torch and the sampler; None = drawn once on rank 0 and shared by all ranks (not reproducible).", ge=0, le=2**32 - 1)
     precision: Literal["fp32", "bf16", "fp16"] = F("fp32", "Training precision (fp16 is discouraged: spikes).")
     save_every: int = F(0, "Checkpoint every N steps; 0 = only at the end and on interrupt.", ge=0, le=10_000_000)
     keep_checkpoints: int = F(2, "How many recent checkpoints to keep.", ge=1, le=1000)
@@ -214,7 +214,7 @@ class AutotuneCfg(Section):
 
 
 class LintCfg(Section):
-    waive: dict[str, str] = F({}, "Waived lint rules: RULE_ID: reason.")
+    waive: dict[str, str] = F({}, "Waived lint rules: RULE_ID: reason. Warnings and infos only; waiving an error is itself an error (waived-error).")
 
 
 class Recipe(Section):

@@ -92,8 +92,12 @@ class RewardResult:
 class RewardComputer:
     """Calls the recipe's reward functions (and model) and combines them."""
 
-    def __init__(self, cfg, base_dir: Path | None = None, reward_model=None, log=None):
+    def __init__(self, cfg, base_dir: Path | None = None, reward_model=None, log=None,
+                 gather: Callable[[list[float]], list[float]] | None = None):
+        """`gather(values)` returns the values of every rank (the global batch; identity with one
+        rank): the running normaliser sees the global batch, so its state is the same on every rank."""
         self.cfg = cfg
+        self.gather = gather or (lambda values: values)
         self.functions = [(spec, load_reward_function(spec, base_dir)) for spec in cfg.functions]
         self.weights = list(cfg.weights) if cfg.weights is not None else [1.0] * len(self.functions)
         # callable(prompts, completions, conversations=...) -> list[float], e.g. RewardModelScorer
@@ -143,10 +147,11 @@ class RewardComputer:
         return [0.0] * n
 
     def __call__(self, prompts: list[str], completions: list[str], columns: dict[str, list],
-                 conversations: list[list[dict]] | None = None) -> RewardResult:
+                 conversations: list[list[dict]] | None = None, training: bool = True) -> RewardResult:
         """`conversations`: the prompt messages of each sample ({"role", "content"} dicts, no
         assistant turn; see train.prompts.prompt_messages), for the reward model's chat template.
-        None: the reward model sees each prompt as one user message."""
+        None: the reward model sees each prompt as one user message. `training=False` (eval):
+        the weighted sum as is, neither normalised nor clipped, and the normaliser is untouched."""
         n = len(completions)
         total = [0.0] * n
         raw: dict[str, list[float]] = {}
@@ -158,8 +163,10 @@ class RewardComputer:
             values = [float(v) for v in self.reward_model(prompts, completions, conversations=conversations)]
             raw["model"] = values
             total = [t + v for t, v in zip(total, values)]
+        if not training:
+            return RewardResult(total, raw)
         if self.cfg.normalize:
-            self.moments.update(total)
+            self.moments.update(self.gather(total))
             total = [(t - self.moments.mean) / (self.moments.std + 1e-8) for t in total]
         if self.cfg.clip is not None:
             c = self.cfg.clip

@@ -108,7 +108,7 @@ def generation_config(s: Sampling, eos_ids: list[int], pad_id: int):
     from transformers import GenerationConfig
 
     neutral = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
-                   min_length=0, min_new_tokens=0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
+                   min_length=0, min_new_tokens=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
                    min_p=None, bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None,
                    forced_bos_token_id=None, forced_eos_token_id=None, sequence_bias=None,
                    exponential_decay_length_penalty=None, renormalize_logits=False,

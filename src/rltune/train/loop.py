@@ -44,7 +44,7 @@ from ..rollout.base import Sampling
 from ..rollout.experience import Experience
 from .collective import gather_rows, global_sum, global_whiten
 from .console import LOG
-from .prompts import encode_prompt, prompt_text, reward_columns
+from .prompts import encode_prompt, prompt_messages, prompt_text, reward_columns
 from .setup import Components
 from .update import (
     forward_logp,
@@ -55,23 +55,24 @@ from .update import (
 )
 
 
-def rollout_phase(c: Components) -> tuple[Experience, list[str], list[str], dict]:
+def rollout_phase(c: Components) -> tuple[Experience, list[str], list[str], dict, list[list[dict]]]:
     """Step 1: generation calls until the step holds its updates_per_step x train.batch_size
     sequences (this rank's share)."""
     r, tok = c.recipe, c.tokenizer
     n = r.algorithm.group_size
-    parts, prompts, rows = [], [], []
+    parts, prompts, rows, conversations = [], [], [], []
     for _ in range(r.gen_calls_per_step):
         batch_rows = [c.train_set.rows[i] for i in c.sampler.next_batch()]
         ids = [encode_prompt(row, tok, r.data, c.train_set.prompt_key) for row in batch_rows]
         parts.append(c.rollout.generate(ids, Sampling.from_recipe(r.rollout, n)))
         for row in batch_rows:
             prompts += [prompt_text(row, c.train_set.prompt_key)] * n
+            conversations += [prompt_messages(row, c.train_set.prompt_key, r.data)] * n
             rows += [row] * n
     exp = parts[0] if len(parts) == 1 else Experience.concat(parts, c.rollout.pad_id)
     c.rollout.sleep()  # free rollout memory while training (GPU vLLM; a no-op elsewhere)
     completions = decode(tok, exp, c.rollout)
-    return exp, prompts, completions, reward_columns(rows, c.train_set.prompt_key)
+    return exp, prompts, completions, reward_columns(rows, c.train_set.prompt_key), conversations
 
 
 def decode(tokenizer, exp: Experience, rollout) -> list[str]:
@@ -223,12 +224,12 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator) -> 
 
     # 1. generate
     t0 = time.perf_counter()
-    exp, prompts, completions, columns = rollout_phase(c)
+    exp, prompts, completions, columns, conversations = rollout_phase(c)
     timings["timing/rollout_s"] = time.perf_counter() - t0
 
     # 2. score
     t0 = time.perf_counter()
-    result = c.rewards(prompts, completions, columns)
+    result = c.rewards(prompts, completions, columns, conversations=conversations)
     if r.logging.sample_every and step % r.logging.sample_every == 0 and c.dist.is_main:
         LOG.info("[Sample] step=%d reward=%.3f prompt=%r completion=%r", step, result.scores[0],
                  prompts[0][-80:], completions[0][:200])
@@ -327,7 +328,9 @@ def evaluate(c: Components) -> float:
         ids = [encode_prompt(row, tok, r.data, c.eval_set.prompt_key) for row in chunk]
         exp = c.rollout.generate(ids, Sampling.from_recipe(r.rollout, 1, greedy=True))
         prompts = [prompt_text(row, c.eval_set.prompt_key) for row in chunk]
-        res = c.rewards(prompts, decode(tok, exp, c.rollout), reward_columns(chunk, c.eval_set.prompt_key))
+        conversations = [prompt_messages(row, c.eval_set.prompt_key, r.data) for row in chunk]
+        res = c.rewards(prompts, decode(tok, exp, c.rollout), reward_columns(chunk, c.eval_set.prompt_key),
+                        conversations=conversations, training=False)
         scores += res.scores
     return sum(scores) / max(len(scores), 1)
 

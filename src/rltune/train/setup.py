@@ -116,7 +116,7 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path) -> Components:
 
         reward_model = RewardModelScorer(recipe.reward.model, recipe.reward.max_length,
                                          recipe.trainer.precision, dist.device)
-    rewards = RewardComputer(recipe.reward, recipe_dir, reward_model, LOG)
+    rewards = RewardComputer(recipe.reward, recipe_dir, reward_model, LOG, gather=gather_floats)
 
     # engines: one deepspeed.initialize per role
     total_updates = recipe.trainer.max_steps * recipe.updates_per_step  # the LR schedule counts updates
@@ -144,6 +144,15 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path) -> Components:
              f" (cap {recipe.algorithm.rollout_correction.cap:g})" if correction != "none" else "")
     return Components(recipe, dist, tokenizer, train_set, eval_set, sampler, rewards, actor, critic,
                       reference, rollout, kl_ctl, correction)
+
+
+def gather_floats(values: list[float]) -> list[float]:
+    """The values of every rank, rank-major (every rank holds as many)."""
+    import torch
+
+    from .collective import gather_rows
+
+    return gather_rows(torch.tensor(values, dtype=torch.float64)).tolist()
 
 
 def _check_meshes(recipe: Recipe, dist: DistInfo) -> None:
