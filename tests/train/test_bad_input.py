@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from trainlib import run_inproc
 
 
@@ -91,3 +93,15 @@ def test_hub_model_offline_is_a_clear_error(recipe_factory):
     path = recipe_factory(model={"policy": "Qwen/Qwen2.5-0.5B-Instruct"})
     res = run_cli("train", path)   # HF_HUB_OFFLINE=1 in the child: no network retries
     _check(res, 2, "could not load model 'Qwen/Qwen2.5-0.5B-Instruct'", "builtin:smollm2-135m-instruct")
+
+
+def test_fp16_where_deepspeed_has_none_is_a_clear_error(capfd, recipe_factory):
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().is_fp16_supported():
+        pytest.skip("this device supports fp16")
+    path = recipe_factory("tiny-grpo.yaml", trainer__precision="fp16", trainer__max_steps=1, trainer__eval_every=0)
+    res = run_inproc(capfd, "train", path)
+    assert res.returncode != 0
+    assert "trainer.precision: fp16 is not supported" in res.stderr and "fix: set trainer.precision: bf16" in res.stderr
+    assert "Traceback" not in res.stderr

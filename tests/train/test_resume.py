@@ -134,3 +134,38 @@ def test_resume_with_changed_recipe_is_refused(uninterrupted, tmp_path):
     res = run_cli("train", path, "--resume", "auto", "--allow-recipe-change")
     assert res.returncode == 0, res.stderr[-3000:]
     assert [m["step"] for m in read_metrics(d / "run")] == list(range(1, STEPS + 2))
+
+
+@pytest.mark.parametrize("algo,extra", [
+    ("grpo", {"train__updates_per_step": 2, "reward__normalize": True}),
+    pytest.param("rloo", {"algorithm__kl": {"coef": 0.02, "mode": "loss", "estimator": "k3"}}, marks=pytest.mark.slow),
+    pytest.param("reinforce_pp", {"train__ppo_epochs": 2}, marks=pytest.mark.slow),
+])
+def test_sigkill_then_resume_matches_uninterrupted_for_every_algorithm(tmp_path, algo, extra):
+    """PPO is covered above; the other algorithms (sampling on, several updates, the reward
+    normaliser, KL in the loss) resume into the same run too."""
+    def recipe(sub: str) -> Path:
+        d = tmp_path / sub
+        d.mkdir()
+        return tiny_recipe(d, "tiny-grpo.yaml", algorithm__name=algo, trainer__max_steps=4, trainer__save_every=2,
+                           trainer__keep_checkpoints=3, trainer__seed=3, trainer__eval_every=0,
+                           train__batch_size=32, train__micro_batch_size=16, **extra)
+
+    full = recipe("full")
+    res = run_cli("train", full)
+    assert res.returncode == 0, res.stderr[-4000:]
+    path = recipe("killed")
+    run_dir = tmp_path / "killed" / "run"
+    proc = _start(path)
+    _wait_for_steps(run_dir, 3, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    res = run_cli("train", path, "--resume", "auto")
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "resumed from" in res.stderr
+    got, want = _comparable(read_metrics(run_dir)), _comparable(read_metrics(tmp_path / "full" / "run"))
+    assert [m["step"] for m in got] == [1, 2, 3, 4]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for k in g:
+            assert g[k] == pytest.approx(w[k], rel=1e-5, abs=1e-7), (algo, g["step"], k, g[k], w[k])

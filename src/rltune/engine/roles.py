@@ -57,8 +57,12 @@ def ds_config(opt_cfg, precision: str, micro_batch: int, device: str, with_optim
         "managed_gradient_accumulation": False,
         "gradient_clipping": float(opt_cfg.grad_clip or 0.0) if with_optimizer else 0.0,
         "zero_optimization": {"stage": opt_cfg.zero_stage if with_optimizer else 0},
-        "bf16": {"enabled": precision == "bf16"},
-        "fp16": {"enabled": precision == "fp16", "initial_scale_power": 16},
+        # DeepSpeed's overflow check skips an update with inf/nan gradients (run_update relies on
+        # it under ZeRO-2/3, where the gradients never sit in .grad); pinned, not left to defaults
+        "bf16": {"enabled": precision == "bf16", "check_grad_overflow": True},
+        # hysteresis 1: every fp16 overflow halves the loss scale at once (default 2 skips one
+        # overflow without backing off)
+        "fp16": {"enabled": precision == "fp16", "initial_scale_power": 16, "hysteresis": 1},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }

@@ -440,7 +440,7 @@ def unused_critic(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
       "with one update per step every update starts at the behaviour policy, the PPO ratio is exactly 1 and "
       "clipping never engages; autotune's clip fix changes nothing")
 def clip_inactive(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
-    if r.updates_per_step > 1:
+    if r.optimizer_updates_per_step > 1:
         return
     keys = [p for p in ("algorithm.clip_range", "algorithm.clip_range_high", "algorithm.dual_clip")
             if ctx.user_set(r, p)]

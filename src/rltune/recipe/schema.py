@@ -249,7 +249,7 @@ class Recipe(Section):
         return max(1, self.train.updates_per_step * self.train.batch_size // self.rollout.batch_size)
 
     @property
-    def updates_per_step(self) -> int:
+    def optimizer_updates_per_step(self) -> int:
         """Optimizer updates one step runs: ppo_epochs passes x train.updates_per_step batches."""
         return self.train.ppo_epochs * self.train.updates_per_step
 
@@ -280,5 +280,5 @@ def batch_plan(r: Recipe) -> dict:
         "micro_batches_per_update": r.micro_steps_per_update,
         "updates_per_epoch": r.train.updates_per_step,
         "ppo_epochs": r.train.ppo_epochs,
-        "optimizer_updates_per_step": r.updates_per_step,
+        "optimizer_updates_per_step": r.optimizer_updates_per_step,
     }

@@ -91,7 +91,7 @@ def needs_behavior_forward(recipe, has_reference: bool) -> bool:
     """Step 4 runs its own no-grad forward only when pi_behaviour is needed before the first
     update: several updates per step (the ratio's denominator must stay fixed while the weights
     move) or the KL folded into the reward (the advantages need it)."""
-    return recipe.updates_per_step > 1 or (has_reference and recipe.algorithm.kl.mode == "reward")
+    return recipe.optimizer_updates_per_step > 1 or (has_reference and recipe.algorithm.kl.mode == "reward")
 
 
 def compute_advantages(c: Components, exp: Experience, kl_coef: float) -> None:
@@ -287,16 +287,21 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator) -> 
 
 
 def _role_metrics(role: str, results, engine) -> dict:
+    """Means over the applied updates; skipped ones counted (fp16 loss-scale back-offs apart)."""
     done = [x for x in results if not x.skipped]
+    overflow = sum(x.overflow for x in results)
     out = {
         f"{role}/loss": sum(x.loss for x in done) / len(done) if done else float("nan"),
         f"{role}/grad_norm": sum(x.grad_norm for x in done) / len(done) if done else float("nan"),
         f"{role}/lr": current_lr(engine),
-        f"{role}/skipped_updates": len(results) - len(done),
+        f"{role}/skipped_updates": len(results) - len(done) - overflow,
+        f"{role}/overflow_skips": overflow,
     }
-    keys = {k for x in done for k in x.stats}
+    keys = {k for x in done for k in x.stats} - {"loss_scale"}
     for k in sorted(keys):
         out[f"{role}/{k}"] = sum(x.stats.get(k, 0.0) for x in done) / len(done)
+    if results and "loss_scale" in results[-1].stats:  # fp16: the scale after the last update
+        out[f"{role}/loss_scale"] = results[-1].stats["loss_scale"]
     return out
 
 

@@ -123,6 +123,7 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
             m["health/skipped_steps"] = skipped_in_a_row
             if skipped:
                 _warn_skipped(m, step)
+            _warn_overflow(m, step)
             if r.trainer.eval_every and (step % r.trainer.eval_every == 0 or step == r.trainer.max_steps) \
                     and c.eval_set is not None:
                 m["eval/reward"] = evaluate(c)
@@ -187,6 +188,14 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
         elif a != b:
             out.append(f"{prefix}{k}: {a!r} -> {b!r}")
     return out
+
+
+def _warn_overflow(m: dict, step: int) -> None:
+    for role in ("actor", "critic"):
+        if m.get(f"{role}/overflow_skips"):
+            LOG.warning("fp16 overflow at step %d: the %s update was skipped and the loss scale lowered to %g "
+                        "(normal while the scale settles; weights untouched)", step, role,
+                        m.get(f"{role}/loss_scale", float("nan")))
 
 
 def _warn_skipped(m: dict, step: int) -> None:

@@ -119,7 +119,8 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path) -> Components:
     rewards = RewardComputer(recipe.reward, recipe_dir, reward_model, LOG, gather=gather_floats)
 
     # engines: one deepspeed.initialize per role
-    total_updates = recipe.trainer.max_steps * recipe.updates_per_step  # the LR schedule counts updates
+    _check_precision(recipe, dist)
+    total_updates = recipe.trainer.max_steps * recipe.optimizer_updates_per_step  # the LR schedule counts updates
     actor = build_actor(recipe, dist.device, total_updates)
     critic = build_critic(recipe, dist.device, total_updates) if recipe.has_critic else None
     reference = build_reference(recipe, dist.device) if needs_reference(recipe) else None
@@ -144,6 +145,18 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path) -> Components:
              f" (cap {recipe.algorithm.rollout_correction.cap:g})" if correction != "none" else "")
     return Components(recipe, dist, tokenizer, train_set, eval_set, sampler, rewards, actor, critic,
                       reference, rollout, kl_ctl, correction)
+
+
+def _check_precision(recipe: Recipe, dist: DistInfo) -> None:
+    """DeepSpeed refuses fp16 where its accelerator has none (e.g. a CPU torch without fp16
+    kernels): say so in the recipe's terms instead of a traceback from deepspeed.initialize."""
+    if recipe.trainer.precision != "fp16":
+        return
+    from deepspeed.accelerator import get_accelerator
+
+    if not get_accelerator().is_fp16_supported():
+        raise TrainError(f"trainer.precision: fp16 is not supported by DeepSpeed on this device ({dist.device}: "
+                         f"{get_accelerator().device_name()})\n  fix: set trainer.precision: bf16 (or fp32)")
 
 
 def gather_floats(values: list[float]) -> list[float]:

@@ -47,14 +47,25 @@ class UpdateResult:
     skipped: bool = False
     reason: str = ""
     stats: dict = field(default_factory=dict)   # weighted means of per-micro-batch stats
+    # fp16 only: skipped because the gradients overflowed at a loss scale the dynamic scaler could
+    # still lower (it did). Normal while the scale settles, not a broken run; False for a
+    # non-finite loss and for an overflow at the minimum scale.
+    overflow: bool = False
 
 
-def _grad_norm(engine, world: int) -> float | None:
-    """L2 norm of the rank-averaged gradients before the step (stages 0-1 keep them in
-    .grad; with several ranks they are averaged here first, on copies: DeepSpeed reduces
-    the originals in `step`). None at stages 2-3: DeepSpeed reports the norm after the step."""
-    if engine.zero_optimization_stage() >= 2:
-        return None
+def _ds_checks_overflow(engine) -> bool:
+    """Whether DeepSpeed's optimizer checks the gradients for inf/nan in `step` and skips the
+    update itself (every ZeRO stage >= 1 and bf16/fp16 at stage 0: weights, optimizer state and
+    LR schedule untouched, gradients dropped, fp16 loss scale lowered). Not a plain torch
+    optimizer at stage 0 fp32: that would apply the nan."""
+    return hasattr(engine.optimizer, "overflow")   # DeepSpeed's own test in `_take_model_step`
+
+
+def _grad_norm(engine, world: int) -> float:
+    """L2 norm of the rank-averaged gradients before the step, for a plain torch optimizer at
+    stage 0 (DeepSpeed neither checks nor reports it there; the gradients are in .grad). With
+    several ranks they are averaged here first, on copies: DeepSpeed reduces the originals in
+    `step`."""
     import torch.distributed as dist
 
     sq = torch.zeros((), dtype=torch.float64)
@@ -75,6 +86,25 @@ def _zero_loss(engine) -> torch.Tensor:
     return sum(p.reshape(-1)[:1].sum() * 0.0 for p in params)
 
 
+def _poison_loss(engine, loss: torch.Tensor) -> torch.Tensor:
+    """A loss whose gradient is nan for every parameter it reaches: backpropagated in place of
+    a non-finite loss, it makes DeepSpeed's overflow check skip the whole update (with nan
+    gradients everywhere, not only where the bad loss happened to give them)."""
+    return (loss if loss.requires_grad else _zero_loss(engine)) * float("nan")
+
+
+def _loss_scale(engine) -> float | None:
+    """fp16's current dynamic loss scale (None without fp16). DeepSpeed's ZeRO scaler raises at
+    its minimum scale; we keep skipping overflowed steps there instead and report them as
+    non-finite updates (run.py stops the run after health.max_skipped_steps)."""
+    if not engine.fp16_enabled():
+        return None
+    scaler = getattr(engine.optimizer, "loss_scaler", None)
+    if getattr(scaler, "raise_error_at_min_scale", False):
+        scaler.raise_error_at_min_scale = False
+    return float(engine.optimizer.loss_scale)
+
+
 def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: str) -> UpdateResult:
     """Forward/backward every micro-batch, then one guarded optimizer step."""
     # DeepSpeed averages gradients over ranks, so a rank's share of the global update is its
@@ -82,36 +112,58 @@ def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: 
     world = world_size()
     total_tokens, total_seqs = global_sum([float(sum(float(mb.response_mask.sum()) for mb in micro_batches)),
                                            float(sum(mb.size for mb in micro_batches))])
-    result, bad = UpdateResult(), False
+    result, bad_loss = UpdateResult(), False
     engine.train()
     for mb in micro_batches:
         w = micro_weight(mb.response_mask, total_tokens, total_seqs, agg) * world
         loss, stats = loss_fn(mb)
         if not torch.isfinite(loss):
-            bad, result.reason = True, f"loss {float(loss.detach())}"
-            # keep the number of backward calls equal on every rank (ZeRO-2/3 reduce in
-            # backward); this zero loss adds nothing and the update is dropped below
-            engine.backward(_zero_loss(engine), scale_wrt_gas=False)
+            bad_loss, result.reason = True, f"loss {float(loss.detach())}"
+            # still one backward per micro-batch on every rank (ZeRO-2/3 reduce in backward)
+            engine.backward(_poison_loss(engine, loss), scale_wrt_gas=False)
             continue
         engine.backward(loss * w, scale_wrt_gas=False)
         result.loss += float(loss.detach()) * w / world
         for k, v in stats.items():
             result.stats[k] = result.stats.get(k, 0.0) + float(v) * w / world
     keys = sorted(result.stats)
-    summed = global_sum([result.loss] + [result.stats[k] for k in keys])  # metrics of the global batch
-    result.loss, result.stats = summed[0], dict(zip(keys, summed[1:]))
-    norm = _grad_norm(engine, world)
-    if norm is not None and not math.isfinite(norm):
-        bad, result.reason = True, result.reason or f"grad norm {norm}"
-    if global_sum([1.0 if bad else 0.0])[0] > 0:  # every rank skips together
-        engine.zero_grad()
-        if hasattr(engine.optimizer, "zero_grad"):
-            engine.optimizer.zero_grad()
-        result.skipped, result.grad_norm = True, float("nan")
+    # metrics of the global batch, and whether any rank had a non-finite loss
+    summed = global_sum([result.loss, float(bad_loss)] + [result.stats[k] for k in keys])
+    result.loss, bad_loss, result.stats = summed[0], summed[1] > 0, dict(zip(keys, summed[2:]))
+    if bad_loss and not result.reason:
+        result.reason = "non-finite loss on another rank"
+
+    if not _ds_checks_overflow(engine):
+        # plain torch optimizer (stage 0 fp32): we check the gradients and skip ourselves
+        norm = _grad_norm(engine, world)          # identical on every rank: every rank skips together
+        if bad_loss or not math.isfinite(norm):
+            engine.zero_grad()
+            result.skipped, result.reason = True, result.reason or f"grad norm {norm}"
+            return result
+        engine.step()
+        result.grad_norm = norm
         return result
+
+    # DeepSpeed checks the (rank-reduced) gradients in `step` and skips a non-finite update
+    # itself; under fp16 that is also how its dynamic loss scaler sees the overflow and backs off
+    scale = _loss_scale(engine)
     engine.step()
-    ds_norm = engine.get_global_grad_norm()
-    result.grad_norm = float(ds_norm) if ds_norm is not None else float(norm if norm is not None else float("nan"))
+    new_scale = _loss_scale(engine)
+    if new_scale is not None:
+        result.stats["loss_scale"] = new_scale
+    if engine.was_step_applied():
+        if bad_loss:  # cannot happen: the poisoned gradients are nan
+            raise RuntimeError(f"DeepSpeed applied an update with a non-finite loss ({result.reason})")
+        norm = engine.get_global_grad_norm()
+        result.grad_norm = float(norm) if norm is not None else float("nan")
+        return result
+    result.skipped, result.grad_norm = True, float("nan")
+    if scale is None:
+        result.reason = result.reason or "non-finite gradient"
+    else:
+        result.overflow = not bad_loss and new_scale < scale
+        what = result.reason or "fp16 overflow"
+        result.reason = f"{what}: loss scale {scale:g} -> {new_scale:g}"
     return result
 
 

@@ -1,0 +1,174 @@
+"""One case of the training-core matrix (tests/train/test_matrix.py), in its own process(es).
+
+    python tests/train/matrix_case.py CASE_JSON OUT_DIR                 # one rank
+    python -m torch.distributed.run --nproc_per_node 2 tests/train/matrix_case.py CASE_JSON OUT_DIR
+
+Every rank builds the same global experience (tiny Llama, sampling on, seeded), keeps its share
+(the rows a 1-rank run would put in the same updates), then runs the trainer's own steps 3-8
+(`loop.learn`) on real DeepSpeed engines and measures what must hold:
+
+- ratio 1: the first update's forwards reproduce pi_behaviour (`first_dev`); later updates of
+  the step move away from it (`later_dev`) and clipping engages (`later_clipfrac`);
+- objective: one more update on the fixed experience lowers the surrogate loss;
+- 1 x 8 == 8 x 1: fresh actors updated on the step's experience with one micro-batch per rank
+  and with micro-batches of one sequence end with the same weights (`accum_diff`);
+- the final actor weights (rank 0 writes them) so the test can compare 2 ranks with 1.
+The test reads OUT_DIR/result.json and OUT_DIR/params.pt.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+MICRO, PER_UPDATE, GROUP, NEW_TOKENS = 2, 8, 4, 6
+
+
+def recipe_for(case: dict):
+    from rltune.recipe.schema import Recipe
+
+    return Recipe.model_validate({
+        "model": {"policy": "builtin:tiny-llama", "attn_implementation": "eager"},
+        "data": {"train": "builtin:arithmetic"},
+        "reward": {"functions": ["builtin:format"]},
+        "algorithm": {"name": case["algo"], "group_size": GROUP, "loss_agg": case["agg"], "clip_range": 0.2,
+                      "kl": {"coef": 0.05, "mode": case["kl_mode"], "estimator": case["estimator"]},
+                      "rollout_correction": {"mode": case["correction"], "cap": 2.0}},
+        # eps 1e-2: Adam stays linear in the gradient, so float-rounding differences stay float-sized
+        "actor": {"lr": 5e-3, "eps": 1e-2, "warmup_steps": 0, "zero_stage": case["zero"], "grad_clip": 1.0},
+        "critic": {"lr": 1e-2, "eps": 1e-2, "warmup_steps": 0, "zero_stage": case["zero"], "grad_clip": 1.0},
+        "rollout": {"engine": "hf", "batch_size": PER_UPDATE, "max_new_tokens": NEW_TOKENS, "temperature": 1.0},
+        "train": {"batch_size": PER_UPDATE, "micro_batch_size": MICRO, "ppo_epochs": case["epochs"],
+                  "updates_per_step": case["updates"]},
+        "trainer": {"precision": case["precision"], "seed": 0, "device": "cpu"},
+    })
+
+
+def global_experience(recipe, updates: int):
+    """updates x PER_UPDATE sequences (GROUP samples per prompt), identical on every rank."""
+    from rltune.models.loading import load_causal_lm, load_tokenizer
+    from rltune.rollout.base import Sampling
+    from rltune.rollout.hf import HFRollout
+
+    tok = load_tokenizer("builtin:tiny-llama")
+    engine = HFRollout(load_causal_lm("builtin:tiny-llama", "fp32", "eager", "cpu"), tok)
+    torch.manual_seed(1234)
+    prompts = [tok(f"{a}+{a + 1}=", add_special_tokens=False)["input_ids"] for a in range(updates * PER_UPDATE // GROUP)]
+    exp = engine.generate(prompts, Sampling(n=GROUP, temperature=1.0, max_new_tokens=NEW_TOKENS))
+    g = torch.Generator().manual_seed(99)
+    exp.scores = torch.randn(exp.size, generator=g)                              # (B,) seeded rewards
+    # the rollout engine's log-probs with a mismatch, so that the correction has work to do
+    noise = 0.3 * torch.randn(exp.response_mask.shape, generator=g)
+    exp.rollout_logp = (exp.rollout_logp + noise) * exp.response_mask
+    return exp
+
+
+def rank_rows(total: int, updates: int, rank: int, world: int) -> torch.Tensor:
+    """Update u of a 1-rank run holds rows [u*P, (u+1)*P); each rank takes its slice of it, so
+    the ranks' update u together is the 1-rank update u (whole groups: P/world % GROUP == 0)."""
+    per = PER_UPDATE // world
+    return torch.cat([torch.arange(u * PER_UPDATE + rank * per, u * PER_UPDATE + (rank + 1) * per)
+                      for u in range(updates)])
+
+
+class LossRecorder:
+    """Wraps `policy_loss` to record max |logp - behaviour| and clipfrac of every call."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def __call__(self, logp, old, *args, **kw):
+        loss, stats = self.fn(logp, old, *args, **kw)
+        mask = args[1] > 0
+        dev = float((logp.detach() - old).abs()[mask].max()) if mask.any() else 0.0
+        self.calls.append((dev, float(stats["clipfrac"])))
+        return loss, stats
+
+
+def global_loss(loss_fn, exp, agg) -> float:
+    """The update's objective over every rank, weighted exactly as run_update weighs it."""
+    from rltune.train.collective import global_sum
+    from rltune.train.update import micro_weight
+
+    with torch.no_grad():
+        loss, _ = loss_fn(exp)
+    tokens, seqs = global_sum([float(exp.response_mask.sum()), float(exp.size)])
+    w = micro_weight(exp.response_mask, tokens, seqs, agg)
+    return global_sum([float(loss) * w])[0]
+
+
+def main() -> int:
+    case, out = json.loads(sys.argv[1]), Path(sys.argv[2])
+    from rltune.engine.distributed import init_distributed
+    from rltune.engine.roles import build_actor, build_critic, build_reference
+    from rltune.engine.weights import iter_full_params
+    from rltune.algo import make_kl_controller
+    from rltune.recipe.knobs import Knobs
+    from rltune.train import loop, update
+    from rltune.train.setup import Components, resolve_correction
+
+    dist = init_distributed("cpu")
+    torch.manual_seed(0)
+    r = recipe_for(case)
+    U = r.train.updates_per_step
+    full = global_experience(r, U)
+    exp = full.select(rank_rows(full.size, U, dist.rank, dist.world_size))
+    total = 10 * r.optimizer_updates_per_step
+    c = Components(r, dist, None, None, None, None, None, build_actor(r, "cpu", total),
+                   build_critic(r, "cpu", total) if r.has_critic else None, build_reference(r, "cpu"), None,
+                   make_kl_controller(0.05, None, 10000), resolve_correction(r, "hf"))
+    knobs = Knobs.from_recipe(r)
+    # no shuffling: the ranks' update u must hold the rows of the 1-rank update u
+    loop.micro_batches = lambda e, micro, size, gen: [
+        [e.select(torch.arange(u + m, min(u + m + micro, u + size))) for m in range(0, size, micro)]
+        for u in range(0, e.size, size)]
+    recorder = LossRecorder(update.policy_loss)
+    update.policy_loss = recorder
+    learned = loop.learn(c, exp, knobs, torch.Generator().manual_seed(0))
+    per_update = len(recorder.calls) // max(1, len(learned.actor))
+    first = recorder.calls[:per_update]
+    later = recorder.calls[per_update:]
+    update.policy_loss = recorder.fn
+
+    # 1 x 8 == 8 x 1 and the objective on a fixed batch, on fresh actors at the behaviour weights.
+    # Fresh actors equal the reference, where |logp - ref| (estimator abs) has a kink: float noise
+    # of a few ulps would pick the sign of its gradient. Shift the fixed batch's reference off it.
+    if exp.ref_logp is not None:
+        exp.ref_logp = exp.ref_logp - 0.1 * exp.response_mask
+    actors = [build_actor(r, "cpu", total), build_actor(r, "cpu", total)]
+    fn = [update.make_actor_loss(a, r, knobs, c.correction) for a in actors]
+    init = {n: t.float().clone() for n, t in iter_full_params(actors[0])}
+    before = global_loss(fn[0], exp, r.algorithm.loss_agg)
+    res_one = update.run_update(actors[0], [exp], fn[0], r.algorithm.loss_agg)
+    res_many = update.run_update(actors[1], [exp.select(torch.tensor([i])) for i in range(exp.size)], fn[1],
+                                 r.algorithm.loss_agg)
+    after = global_loss(fn[0], exp, r.algorithm.loss_agg)
+    p_one, p_many = dict(iter_full_params(actors[0])), dict(iter_full_params(actors[1]))
+    accum_diff = max(float((p_one[n].float() - p_many[n].float()).abs().max()) for n in p_one)
+    moved = max(float((p_one[n].float() - init[n]).abs().max()) for n in p_one)
+
+    params = {n: t.float().cpu().clone() for n, t in iter_full_params(c.actor)}
+    if dist.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(params, out / "params.pt")
+        result = {
+            "updates": len(learned.actor),
+            "skipped": sum(x.skipped for x in learned.actor + learned.critic),
+            "first_dev": max(d for d, _ in first),
+            "later_dev": max((d for d, _ in later), default=0.0),
+            "later_clipfrac": max((f for _, f in later), default=0.0),
+            "loss_before": before, "loss_after": after,
+            "loss_one": res_one.loss, "loss_many": res_many.loss,
+            "accum_diff": accum_diff, "moved": moved,
+            "finite": all(math.isfinite(float(t.sum())) for t in params.values()),
+        }
+        (out / "result.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
