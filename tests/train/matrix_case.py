@@ -142,6 +142,10 @@ def main() -> int:
     actors = [build_actor(r, "cpu", total), build_actor(r, "cpu", total)]
     fn = [update.make_actor_loss(a, r, knobs, c.correction) for a in actors]
     init = {n: t.float().clone() for n, t in iter_full_params(actors[0])}
+    # pi_behaviour is the actor's own forward at the weights that sampled, not the engine's numbers
+    own = update.forward_logp(actors[0].module, exp, r.logprob_temperature, MICRO)
+    behavior_err = float((own - exp.behavior_logp).abs().max())
+    rollout_err = float((exp.rollout_logp - exp.behavior_logp).abs().max())
     before = global_loss(fn[0], exp, r.algorithm.loss_agg)
     res_one = update.run_update(actors[0], [exp], fn[0], r.algorithm.loss_agg)
     res_many = update.run_update(actors[1], [exp.select(torch.tensor([i])) for i in range(exp.size)], fn[1],
@@ -164,6 +168,7 @@ def main() -> int:
             "loss_before": before, "loss_after": after,
             "loss_one": res_one.loss, "loss_many": res_many.loss,
             "accum_diff": accum_diff, "moved": moved,
+            "behavior_err": behavior_err, "rollout_err": rollout_err,
             "finite": all(math.isfinite(float(t.sum())) for t in params.values()),
         }
         (out / "result.json").write_text(json.dumps(result))

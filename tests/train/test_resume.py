@@ -169,3 +169,18 @@ def test_sigkill_then_resume_matches_uninterrupted_for_every_algorithm(tmp_path,
         assert g.keys() == w.keys()
         for k in g:
             assert g[k] == pytest.approx(w[k], rel=1e-5, abs=1e-7), (algo, g["step"], k, g[k], w[k])
+
+
+def test_seed_null_is_kept_across_resume(tmp_path):
+    """trainer.seed: null draws a seed once; the checkpoint keeps it, so a resumed run builds
+    the same builtin data and sampler order instead of drawing another."""
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", trainer__seed=None, trainer__max_steps=1, trainer__eval_every=0)
+    res = run_cli("train", path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    first = json.loads((run_dir / "checkpoints" / "step-00000001" / "state.json").read_text())
+    assert isinstance(first["seed"], int)
+    res = run_cli("train", path, "trainer.max_steps=2", "--resume", "auto")
+    assert res.returncode == 0, res.stderr[-3000:]
+    second = json.loads((run_dir / "checkpoints" / "step-00000002" / "state.json").read_text())
+    assert second["seed"] == first["seed"]

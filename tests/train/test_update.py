@@ -97,3 +97,27 @@ def test_nonfinite_update_leaves_weights_and_optimizer_untouched(dist):
             assert torch.equal(s[n], v)
     assert current_lr(engine) == lr_before                        # the schedule did not advance
     assert all(p.grad is None or not p.grad.abs().sum() for p in engine.module.parameters())
+
+
+@pytest.mark.parametrize("mode,factor", [("none", 1.0), ("tis", 2.0), ("mis", 0.0)])
+def test_rollout_correction_weights_reach_the_actor_loss(dist, mode, factor):
+    """pi_rollout = pi_behaviour / 4 on every token: w = 4, so tis (cap 2) doubles the policy
+    loss, mis (band [1/2, 2]) drops every token, none leaves it as is."""
+    import math
+
+    from rltune.engine.roles import build_actor
+    from rltune.recipe.knobs import Knobs
+    from rltune.train.update import make_actor_loss, response_logits
+    from rltune.algo import logprobs_from_logits
+
+    r = _recipe()
+    engine = build_actor(r, "cpu", 10)
+    exp = _experience(2)
+    with torch.no_grad():
+        exp.behavior_logp = logprobs_from_logits(response_logits(engine.module, exp, 1.0), exp.response_ids)
+    exp.rollout_logp = exp.behavior_logp - math.log(4.0)
+    knobs = Knobs(1e-2, 3e-2, 0.0, 0.2, 0.0)
+    base, _ = make_actor_loss(engine, r, knobs, "none")(exp)
+    loss, _ = make_actor_loss(engine, r, knobs, mode)(exp)
+    assert float(loss) == pytest.approx(factor * float(base), rel=1e-5, abs=1e-7)
+    assert abs(float(base)) > 1e-4

@@ -85,3 +85,19 @@ def check_experience(exp, prompt_ids, n, eos_ids, pad_id):
     assert torch.isfinite(lp).all()
     assert (lp <= 1e-6).all()
     assert (lp[exp.response_mask == 0] == 0).all()
+
+
+def logprob_diff(rollout_logp, actor_logp, mask) -> tuple[float, float]:
+    """(mean, max) of |rollout_logp - actor_logp| over the valid tokens: what the trainer logs
+    as rollout/logprob_diff_* and the health monitor's stale_weights detector reads."""
+    import torch
+
+    m = mask.bool()
+    if not bool(m.any()):
+        return 0.0, 0.0
+    diff = (rollout_logp.detach().float() - actor_logp.detach().float()).abs()[m]
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    return float(diff.mean()), float(diff.max())
+
+
+STALE_TOLERANCE = 0.05   # rollout.logprob_tolerance's default

@@ -33,6 +33,9 @@ def test_grpo_with_vllm_learns_and_stays_in_sync(tmp_path):
     diffs = [m["rollout/logprob_diff_mean"] for m in metrics]
     assert max(diffs) < 0.02, diffs                        # vLLM samples from the actor's weights
     assert all(m["timing/sync_ms"] > 0 for m in metrics)
+    # rollout correction: `auto` is tis with vLLM; the weights sit near 1 when the engines agree
+    assert "rollout correction tis (cap 2)" in res.stderr
+    assert all(abs(m["rollout/is_weight_mean"] - 1.0) < 0.05 for m in metrics), metrics
     events = (tmp_path / "run" / "events.jsonl")
     assert "stale_weights" not in (events.read_text() if events.exists() else "")
 

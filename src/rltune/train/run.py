@@ -71,7 +71,8 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
 
     if dist.is_main:
         (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe_dict, sort_keys=False))
-    c = build(recipe, dist, recipe_path.parent)
+    drawn_seed = saved.get("seed") if resume_path is not None else None
+    c = build(recipe, dist, recipe_path.parent, seed=drawn_seed)
     knobs = initial_knobs(c)
     gen = torch.Generator().manual_seed((recipe.trainer.seed or 0) + 17)
     engines = {"actor": c.actor, "critic": c.critic}
@@ -91,7 +92,7 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
         LOG.info("resumed from %s at step %d", resume_path, start)
 
     def save(step: int) -> None:
-        state = {"step": step, "recipe_hash": rhash, "recipe": recipe_dict, "kl_ctl": c.kl_ctl.state_dict(),
+        state = {"step": step, "seed": c.seed, "recipe_hash": rhash, "recipe": recipe_dict, "kl_ctl": c.kl_ctl.state_dict(),
                  "sampler": c.sampler.state_dict(), "rewards": c.rewards.state_dict(),
                  "knobs": vars(knobs).copy(), "skipped_in_a_row": skipped_in_a_row,
                  "eval_start": eval_start,

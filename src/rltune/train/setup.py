@@ -43,6 +43,7 @@ class Components:
     rollout: "RolloutEngine"
     kl_ctl: "Union[FixedKLController, AdaptiveKLController]"
     correction: str = "none"                # algorithm.rollout_correction.mode, resolved: none | tis | mis
+    seed: int | None = None                 # the run's seed (drawn on rank 0 when trainer.seed is null)
 
 
 def resolve_correction(recipe: Recipe, engine_name: str) -> str:
@@ -71,7 +72,8 @@ def needs_reference(recipe: Recipe) -> bool:
     return recipe.algorithm.kl.coef > 0 or recipe.algorithm.kl.target is not None or recipe.autotune.enabled
 
 
-def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path) -> Components:
+def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = None) -> Components:
+    """`seed`: the seed a resumed `trainer.seed: null` run drew (its checkpoint keeps it)."""
     import torch
 
     from ..algo import make_kl_controller
@@ -81,7 +83,7 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path) -> Components:
 
     if recipe.trainer.threads:
         torch.set_num_threads(recipe.trainer.threads)
-    seed = recipe.trainer.seed
+    seed = recipe.trainer.seed if recipe.trainer.seed is not None else seed
     if seed is None:  # drawn once on rank 0 and shared: every rank must shuffle the prompts alike
         from .collective import broadcast_int
 
@@ -144,7 +146,7 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path) -> Components:
              recipe.algorithm.group_size, recipe.logprob_temperature, correction,
              f" (cap {recipe.algorithm.rollout_correction.cap:g})" if correction != "none" else "")
     return Components(recipe, dist, tokenizer, train_set, eval_set, sampler, rewards, actor, critic,
-                      reference, rollout, kl_ctl, correction)
+                      reference, rollout, kl_ctl, correction, seed)
 
 
 def _check_precision(recipe: Recipe, dist: DistInfo) -> None:
