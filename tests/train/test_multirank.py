@@ -39,3 +39,24 @@ def test_two_ranks_match_one(one_rank, recipe_factory, tmp_path, launcher, shows
         for k in KEYS:
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-5), (a["step"], k, a[k], b[k])
     assert (tmp_path / "run2" / "final" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_two_ranks_with_sampling_learn_like_one(tmp_path):
+    """Sampling on: the ranks draw different samples, so the runs are not identical, but a
+    2-rank GRPO run must learn like a 1-rank one (per-rank statistics would show here)."""
+    from trainlib import tiny_recipe
+
+    def run(sub: str, *extra) -> list[float]:
+        d = tmp_path / sub
+        d.mkdir()
+        path = tiny_recipe(d, "tiny-grpo.yaml", trainer__max_steps=16, trainer__eval_every=0, trainer__seed=5,
+                           train__updates_per_step=2, train__batch_size=32)
+        res = run_cli("train", path, *extra, "--quiet")
+        assert res.returncode == 0, res.stderr[-3000:]
+        return [m["reward/mean"] for m in read_metrics(d / "run")]
+
+    one, two = run("one"), run("two", "--nproc", "2")
+    rise = [sum(r[-3:]) / 3 - sum(r[:3]) / 3 for r in (one, two)]
+    assert rise[0] > 0.2 and rise[1] > 0.2, (one, two)
+    assert abs(rise[0] - rise[1]) < 0.35, (one, two)
