@@ -36,11 +36,15 @@ def validate(
     fmt: str = typer.Option("text", "--format", "-f", help="Output: text | json | github."),
     overrides: Optional[List[str]] = typer.Option(None, "--set", "-o", metavar="KEY=VALUE",
                                                   help="Override a key, e.g. -o actor.lr=2e-6 (repeatable)."),
+    skip_files: bool = typer.Option(False, "--skip-files",
+                                    help="Do not check the data, model and reward files the recipe names "
+                                         "(lint a template on a machine without them)."),
 ) -> None:
-    """Lint recipes against the schema and the tuning playbook (exit 0 ok, 1 errors, 2 unreadable)."""
+    """Lint recipes against the schema and the tuning playbook, and check the files they name
+    (exit 0 ok, 1 errors, 2 unreadable: a recipe, or a data/model/reward file it names)."""
     from rltune.commands.validate import run
 
-    raise typer.Exit(run(recipes, overrides or [], strict=strict, fmt=fmt))
+    raise typer.Exit(run(recipes, overrides or [], strict=strict, fmt=fmt, skip_files=skip_files))
 
 
 presets_app = typer.Typer(help="Stage and hardware presets: list, show, apply.", no_args_is_help=False,
@@ -125,9 +129,16 @@ def train(
         extra += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint]
     if node_rank is not None:
         extra += ["--node-rank" if (launcher or "torchrun") == "torchrun" else "--node_rank", str(node_rank)]
+    # the command as the user typed it, for the hint that continues an interrupted run
+    command = [recipe, *(overrides or [])]
+    for flag, value in (("--nproc", nproc), ("--nnodes", nnodes), ("--launcher", launcher), ("--hostfile", hostfile),
+                        ("--rdzv-endpoint", rdzv_endpoint), ("--node-rank", node_rank)):
+        if value is not None:
+            command += [flag, str(value)]
+    command += ["--quiet"] * quiet + ["--strict"] * strict
     raise typer.Exit(run(recipe, overrides or [], resume=resume, allow_recipe_change=allow_recipe_change,
                          quiet=quiet, strict=strict, nproc=nproc, nnodes=nnodes, launcher=launcher,
-                         launcher_args=extra))
+                         launcher_args=extra, command=command))
 
 
 @app.command()
@@ -148,7 +159,8 @@ def diagnose(
 @app.command()
 def plot(
     run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="A run directory (holds metrics.jsonl)."),
-    out: Optional[str] = typer.Option(None, "--output", "-o", help="PNG path (default RUN_DIR/run.png)."),
+    out: Optional[str] = typer.Option(None, "--output", "-o",
+                                      help="PNG path, or a directory for DIR/plot.png (default RUN_DIR/run.png)."),
 ) -> None:
     """PNG of reward, KL, grad norms, critic loss, entropy, length and timings, with health events."""
     from rltune.commands.plot import run
@@ -204,10 +216,11 @@ def _fast(argv: List[str]) -> Optional[int]:
             p.add_argument("--strict", action="store_true")
             p.add_argument("--format", "-f", dest="fmt", default="text")
             p.add_argument("--set", "-o", dest="overrides", action="append", default=[])
+            p.add_argument("--skip-files", dest="skip_files", action="store_true")
             a = p.parse_intermixed_args(rest)
             from rltune.commands.validate import run
 
-            return run(a.recipes, a.overrides, strict=a.strict, fmt=a.fmt)
+            return run(a.recipes, a.overrides, strict=a.strict, fmt=a.fmt, skip_files=a.skip_files)
         if cmd == "schema":
             p = P(add_help=False)
             p.add_argument("--output", "-o", default=None)

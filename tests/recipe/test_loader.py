@@ -71,7 +71,7 @@ def test_wrong_types_all_reported_with_lines(write):
     assert set(by_path) == {"actor.lr", "actor.warmup_steps", "trainer.precision"}
     assert all(f.rule == "schema" and f.severity == "error" for f in res.findings)
     assert by_path["actor.lr"].line == 8 and by_path["actor.lr"].column == 3
-    assert "'fast'" in by_path["actor.lr"].message
+    assert '"fast"' in by_path["actor.lr"].message
     assert "[0, 1000000]" in by_path["actor.warmup_steps"].fix
     assert "did you mean `fp16`" in by_path["trainer.precision"].fix
     assert by_path["trainer.precision"].line == 11

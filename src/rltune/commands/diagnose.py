@@ -29,6 +29,7 @@ CAUSES = {
     "stale_weights": "the rollout engine generates with stale weights",
     "sync_slow": "device mesh / engine placement is wrong",
 }
+REPEAT_SHOWN = 3   # text output: a kind that fired more often shows its first and last event only
 
 
 def _err(msg: str) -> int:
@@ -43,10 +44,10 @@ def analyse(run_dir, maps: Sequence[str] = (), source: Optional[str] = None) -> 
 
     mapping = parse_maps(maps, source)
     log = read_metrics(run_dir, mapping)
-    recipe, raw, rnotes = load_recipe(run_dir, log.rows)
+    recipe, raw, rnotes = load_recipe(run_dir, log)
     mon = HealthMonitor(recipe, run_dir=None, enabled=True, write=False)
     events: list[Event] = []
-    for row in log.rows:
+    for row in log.iter_rows():   # one row at a time: a 200k-step log never exists as dicts
         events.extend(mon.observe(row))
     tuned = [Event.from_dict(d) for d in read_events(run_dir) if d.get("kind") == "autotune"]
     timeline = sorted(events + tuned, key=lambda e: (e.step, 0 if e.kind != "autotune" else 1))
@@ -74,11 +75,42 @@ def analyse(run_dir, maps: Sequence[str] = (), source: Optional[str] = None) -> 
         "healthy": verdict is None,
         "events": [{"step": e.step, "kind": e.kind, "severity": e.severity, "message": e.message,
                     "advice": list(e.advice), "numbers": e.numbers, "changes": e.changes} for e in timeline],
+        "repeated": repeated(timeline),
         "verdict": verdict,
         "also": also,
         "_raw_recipe": raw,
         "_recipe": recipe,
     }
+
+
+def repeated(events, more_than: int = REPEAT_SHOWN) -> list[dict]:
+    """Kinds that fired more than `more_than` times: {"kind", "severity", "count", "first_step",
+    "last_step"} (the text output shows only their first and last event)."""
+    by_kind: dict[str, list] = {}
+    for e in events:
+        by_kind.setdefault(e.kind, []).append(e)
+    out = []
+    for kind, es in by_kind.items():
+        if len(es) > more_than:
+            sev = max((e.severity for e in es), key=lambda s: ("info", "warning", "error").index(s)
+                      if s in ("info", "warning", "error") else -1)
+            out.append({"kind": kind, "severity": sev, "count": len(es),
+                        "first_step": es[0].step, "last_step": es[-1].step})
+    return sorted(out, key=lambda r: r["first_step"])
+
+
+def shown_events(d: dict) -> list[dict]:
+    """The timeline the text output prints: every event of a kind that fired at most
+    REPEAT_SHOWN times; the first and the last of a kind that fired more often."""
+    rep = {r["kind"] for r in d.get("repeated", [])}
+    first: dict[str, dict] = {}
+    last: dict[str, dict] = {}
+    for e in d["events"]:
+        if e["kind"] in rep:
+            first.setdefault(e["kind"], e)
+            last[e["kind"]] = e
+    keep = {id(e) for e in list(first.values()) + list(last.values())}
+    return [e for e in d["events"] if e["kind"] not in rep or id(e) in keep]
 
 
 def write_patch(out_path, raw: Optional[dict], changes: dict) -> tuple[Path, str]:
@@ -129,10 +161,13 @@ def _print_text(d: dict) -> None:
         t.add_column("kind")
         t.add_column("what happened", overflow="fold")
         colour = {"error": "red", "warning": "yellow", "info": "cyan"}
-        for e in d["events"]:
+        for e in shown_events(d):
             c = colour.get(e["severity"], "white")
             t.add_row(str(e["step"]), f"[{c}]{e['severity']}[/]", e["kind"], escape(e["message"]))
         con.print(t)
+        for r in d.get("repeated", []):
+            con.print(f"  {r['kind']} ×{r['count']:,} between steps {r['first_step']:,} and "
+                      f"{r['last_step']:,} (first, last shown)")
     v = d["verdict"]
     if v is None:
         con.print(f"[green bold]Healthy[/]: no detector fired over {d['steps']} steps.")

@@ -2,11 +2,16 @@
 grad norms, critic loss, entropy, response length, step timings, lr / clipfrac - with the health
 events as labelled vertical lines and the autotune stages as shaded bands.
 
+Long runs: every series is downsampled to at most MAX_POINTS points (the min and the max of each
+bucket of steps, so spikes stay visible); every event is still drawn (as a tick along the top of
+each panel when there are many); event labels are summarised per kind ("kl_high ×4,210").
+
 Exit codes: 0 written, 2 unreadable input."""
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -14,43 +19,86 @@ from typing import Optional, Sequence
 SEV_COLOUR = {"error": "#d62728", "warning": "#ff7f0e", "info": "#1f77b4"}
 STAGE_COLOUR = {0: None, 1: "#2ca02c", 2: "#9467bd"}
 STAGE_NAME = {0: "cold-start", 1: "acceleration", 2: "anti-overfit"}
+MAX_POINTS = 2000      # per plotted series
+LABELS_PER_KIND = 4    # event labels on the reward panel, per kind (each names its count)
+LABEL_ALL = 12         # up to this many events each gets a label; more: summarised per kind
+LABEL_GAP = 0.25       # labels of a kind at least this share of the step range apart; closer ones stack
+DENSE_EVENTS = 200     # more events than this: drawn as ticks along the top of each panel
+DEFAULT_NAME = "plot.png"   # `-o DIR/`: the file written inside DIR
 
 
-def _series(rows, key):
-    xs, ys = [], []
-    for r in rows:
-        v = r.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            xs.append(r["step"])
-            ys.append(v if math.isfinite(v) else float("nan"))
-    return xs, ys
+def downsample_indices(ys, max_points: int = MAX_POINTS) -> list[int]:
+    """Indices of the points to draw: all of them when there are at most `max_points`; else, per
+    bucket of consecutive points, the min and the max (in step order; NaNs skipped, a bucket of
+    only NaNs keeps one to leave the gap)."""
+    n = len(ys)
+    if n <= max_points:
+        return list(range(n))
+    import numpy as np
+
+    y = np.asarray(ys, dtype=float)
+    nan = np.isnan(y)
+    lo_fill, hi_fill = np.where(nan, np.inf, y), np.where(nan, -np.inf, y)
+    buckets = max(1, max_points // 2)
+    keep: list[int] = []
+    for b in range(buckets):
+        lo, hi = b * n // buckets, (b + 1) * n // buckets
+        if nan[lo:hi].all():
+            keep.append(lo)
+            continue
+        i, j = lo + int(lo_fill[lo:hi].argmin()), lo + int(hi_fill[lo:hi].argmax())
+        keep.extend((i,) if i == j else sorted((i, j)))
+    return keep
 
 
-def _has(rows, key) -> bool:
-    return any(isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) for r in rows)
+def _series(log, key, max_points: int = MAX_POINTS):
+    xs, ys = log.series(key)
+    idx = downsample_indices(ys, max_points)
+    if len(idx) == len(xs):
+        return xs, ys
+    return [xs[i] for i in idx], [ys[i] for i in idx]
 
 
-def _stage_bands(rows):
+def _stage_bands(log):
     """[(start_step, end_step, stage)] for stages > 0."""
     bands, cur, start = [], None, None
     last = None
-    for r in rows:
-        s = r.get("autotune/stage")
-        if not isinstance(s, (int, float)) or isinstance(s, bool) or not math.isfinite(s):
+    for step, s in zip(*log.series("autotune/stage")):
+        if not math.isfinite(s):
             continue
         s = int(s)
         if s != cur:
             if cur:
-                bands.append((start, r["step"], cur))
-            cur, start = s, r["step"]
-        last = r["step"]
+                bands.append((start, step, cur))
+            cur, start = s, step
+        last = step
     if cur and last is not None:
         bands.append((start, last + 0.5, cur))
     return bands
 
 
-def render(rows, events, out: Path, title: str, max_new_tokens: Optional[int] = None,
-           grad_clip: Optional[float] = None) -> Path:
+def _labels(problems: list[dict], near: float) -> list[tuple[dict, int]]:
+    """(event, count) to label: per kind its first event, then the next one at least `near` steps
+    after the last label, at most LABELS_PER_KIND; count = events of that kind up to the next label."""
+    if len(problems) <= LABEL_ALL:
+        return [(e, 1) for e in sorted(problems, key=lambda e: e["step"])]
+    by_kind: dict[str, list[dict]] = {}
+    for e in sorted(problems, key=lambda e: e["step"]):
+        by_kind.setdefault(e["kind"], []).append(e)
+    out = []
+    for es in by_kind.values():
+        chosen: list[list] = []
+        for e in es:
+            if not chosen or (e["step"] - chosen[-1][0]["step"] >= near and len(chosen) < LABELS_PER_KIND):
+                chosen.append([e, 1])
+            else:
+                chosen[-1][1] += 1
+        out.extend((e, n) for e, n in chosen)
+    return sorted(out, key=lambda x: x[0]["step"])
+
+
+def render(log, events, out: Path, title: str, max_new_tokens: Optional[int] = None,
+           grad_clip: Optional[float] = None, max_points: int = MAX_POINTS) -> Path:
     import matplotlib
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
@@ -59,8 +107,11 @@ def render(rows, events, out: Path, title: str, max_new_tokens: Optional[int] = 
     fig, axes = plt.subplots(4, 2, figsize=(15, 14), sharex=True)
     ax = axes.ravel()
 
+    def series(key):
+        return _series(log, key, max_points)
+
     def line(a, key, label=None, **kw):
-        xs, ys = _series(rows, key)
+        xs, ys = series(key)
         if xs:
             a.plot(xs, ys, label=label or key, lw=1.4, **kw)
         return bool(xs)
@@ -71,15 +122,18 @@ def render(rows, events, out: Path, title: str, max_new_tokens: Optional[int] = 
     # 1 reward (+ eval points)
     a = ax[0]
     a.set_title("reward")
-    if line(a, "reward/mean", "reward/mean", color="#1f77b4"):
-        xs, ys = _series(rows, "reward/mean")
-        sx, sd = _series(rows, "reward/std")
+    xs, ys = log.series("reward/mean")
+    if xs:
+        idx = downsample_indices(ys, max_points)
+        a.plot([xs[i] for i in idx], [ys[i] for i in idx], label="reward/mean", lw=1.4, color="#1f77b4")
+        sx, sd = log.series("reward/std")
         if sx == xs:
-            a.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)],
-                           color="#1f77b4", alpha=0.12, lw=0, label="± reward/std")
+            lo = [ys[i] - sd[i] for i in idx]
+            hi = [ys[i] + sd[i] for i in idx]
+            a.fill_between([xs[i] for i in idx], lo, hi, color="#1f77b4", alpha=0.12, lw=0, label="± reward/std")
     else:
         empty(a, "reward/mean")
-    ex, ey = _series(rows, "eval/reward")
+    ex, ey = series("eval/reward")
     if ex:
         a.plot(ex, ey, "o", color="#d62728", ms=5, label="eval/reward")
     # 2 KL + kl_coef on a twin axis
@@ -87,9 +141,9 @@ def render(rows, events, out: Path, title: str, max_new_tokens: Optional[int] = 
     a.set_title("KL (left) and kl_coef (right)")
     if not line(a, "kl", "kl", color="#2ca02c"):
         empty(a, "kl")
-    if _has(rows, "kl_coef"):
+    if log.has("kl_coef"):
         t = a.twinx()
-        xs, ys = _series(rows, "kl_coef")
+        xs, ys = series("kl_coef")
         t.plot(xs, ys, "--", color="#8c564b", lw=1.2, label="kl_coef")
         t.set_ylabel("kl_coef", color="#8c564b")
         t.tick_params(axis="y", colors="#8c564b")
@@ -101,21 +155,19 @@ def render(rows, events, out: Path, title: str, max_new_tokens: Optional[int] = 
     if grad_clip:
         a.axhline(grad_clip, color="grey", ls=":", lw=1, label=f"actor.grad_clip {grad_clip:g}")
     if got:
-        ys = [y for k in ("actor/grad_norm", "critic/grad_norm") for y in _series(rows, k)[1] if y == y and y > 0]
+        ys = [y for k in ("actor/grad_norm", "critic/grad_norm") for y in log.series(k)[1] if y == y and y > 0]
         if ys and max(ys) / max(min(ys), 1e-12) > 50:
             a.set_yscale("log")
     else:
         empty(a, "grad norm")
-    # 4 critic loss (+ explained variance)
+    # 4 critic loss (+ non-finite steps marked x: every one of them, in one call)
     a = ax[3]
     a.set_title("critic loss")
     if not line(a, "critic/loss", "critic/loss", color="#9467bd"):
         empty(a, "critic loss (GRPO: no critic)")
-    nan_steps = [r["step"] for r in rows if isinstance(r.get("critic/loss"), float) and not math.isfinite(r["critic/loss"])]
-    for s in nan_steps:
-        a.plot([s], [0], "x", color="#d62728", ms=9, mew=2)
+    nan_steps = [s for s, v in zip(*log.series("critic/loss")) if v != v]
     if nan_steps:
-        a.plot([], [], "x", color="#d62728", label="non-finite")
+        a.plot(nan_steps, [0] * len(nan_steps), "x", color="#d62728", ms=9, mew=2, label="non-finite")
     # 5 entropy
     a = ax[4]
     a.set_title("entropy (nats/token)")
@@ -133,9 +185,9 @@ def render(rows, events, out: Path, title: str, max_new_tokens: Optional[int] = 
     a.set_title("step timings: rollout / train (s, left), sync (ms, right)")
     got = line(a, "timing/rollout_s", "rollout s", color="#1f77b4")
     got = line(a, "timing/train_s", "train s", color="#ff7f0e") or got
-    if _has(rows, "timing/sync_ms"):
+    if log.has("timing/sync_ms"):
         t = a.twinx()
-        xs, ys = _series(rows, "timing/sync_ms")
+        xs, ys = series("timing/sync_ms")
         t.plot(xs, ys, color="#d62728", lw=1, alpha=0.8, label="sync ms")
         t.set_ylabel("sync ms", color="#d62728")
         t.tick_params(axis="y", colors="#d62728")
@@ -147,9 +199,9 @@ def render(rows, events, out: Path, title: str, max_new_tokens: Optional[int] = 
     a.set_title("learning rate (left) and clipfrac (right)")
     got = line(a, "actor/lr", "actor/lr", color="#1f77b4")
     got = line(a, "critic/lr", "critic/lr", color="#ff7f0e") or got
-    if _has(rows, "actor/clipfrac"):
+    if log.has("actor/clipfrac"):
         t = a.twinx()
-        xs, ys = _series(rows, "actor/clipfrac")
+        xs, ys = series("actor/clipfrac")
         t.plot(xs, ys, color="#7f7f7f", lw=1, alpha=0.8)
         t.set_ylabel("clipfrac", color="#7f7f7f")
         got = True
@@ -157,27 +209,38 @@ def render(rows, events, out: Path, title: str, max_new_tokens: Optional[int] = 
         empty(a, "lr / clipfrac")
 
     # autotune stages: shaded bands
-    bands = _stage_bands(rows)
+    bands = _stage_bands(log)
     for a in ax:
         for s0, s1, st in bands:
             a.axvspan(s0 - 0.5, s1 - 0.5, color=STAGE_COLOUR.get(st) or "#cccccc", alpha=0.08, lw=0)
-    # events: vertical lines everywhere, labels on the reward panel
+    # events: vertical lines everywhere (one collection per colour: thousands of events stay cheap),
+    # labels on the reward panel
     problems = [e for e in events if e.get("severity") in ("warning", "error")]
     tuned = [e for e in events if e.get("kind") == "autotune"]
+    marks = [(sorted(e["step"] for e in problems if e["severity"] == sev), SEV_COLOUR[sev], "--", 0.7)
+             for sev in ("warning", "error")]
+    marks.append((sorted({e["step"] for e in tuned}), SEV_COLOUR["info"], ":", 0.6))
+    # many events: a solid tick along the top of each panel each, so they do not hide the curves
+    dense = len(problems) + len(tuned) > DENSE_EVENTS
+    y0 = 0.93 if dense else 0.0
     for a in ax:
-        for e in problems:
-            a.axvline(e["step"], color=SEV_COLOUR[e["severity"]], ls="--", lw=1, alpha=0.7)
-        for s in sorted({e["step"] for e in tuned}):
-            a.axvline(s, color=SEV_COLOUR["info"], ls=":", lw=1, alpha=0.6)
+        for steps, colour, ls, alpha in marks:
+            if steps:
+                a.vlines(steps, y0, 1, transform=a.get_xaxis_transform(), colors=colour,
+                         linestyles="-" if dense else ls, lw=0.8 if dense else 1, alpha=alpha)
     top = ax[0]
     ymin, ymax = top.get_ylim()
-    steps = [r["step"] for r in rows]
-    near = max(1.0, 0.1 * (max(steps) - min(steps)))   # labels closer than this are stacked
-    placed: list[float] = []
-    for e in sorted(problems, key=lambda e: e["step"]):
-        k = sum(1 for x in placed if abs(e["step"] - x) < near)
-        placed.append(e["step"])
-        top.annotate(e["kind"], xy=(e["step"], ymax), xytext=(3, -12 - 11 * k), textcoords="offset points",
+    steps = log.steps
+    span = steps[-1] - steps[0]
+    few = len(problems) <= LABEL_ALL
+    width = max(1.0, (0.1 if few else 0.22) * span)   # about a label's width, in steps
+    placed: list[tuple[float, int]] = []              # (step, row) of the labels so far
+    for e, count in _labels(problems, max(1.0, LABEL_GAP * span)):
+        busy = {row for x, row in placed if e["step"] - x < width}
+        k = next(r for r in range(len(placed) + 1) if r not in busy)   # the first free row
+        placed.append((e["step"], k))
+        text = e["kind"] if count == 1 else f"{e['kind']} ×{count:,}"
+        top.annotate(text, xy=(e["step"], ymax), xytext=(3, -12 - 11 * k - (8 if dense else 0)), textcoords="offset points",
                      rotation=0, fontsize=8, color=SEV_COLOUR[e["severity"]], va="top",
                      bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
     for a in ax:
@@ -201,6 +264,20 @@ def render(rows, events, out: Path, title: str, max_new_tokens: Optional[int] = 
     return out
 
 
+def output_path(out, base: Path) -> Path:
+    """Where the PNG goes: RUN_DIR/run.png by default; DIR/plot.png for an existing directory or a
+    path ending in '/'; a name without a suffix gets '.png' (what matplotlib writes anyway)."""
+    if not out:
+        return base / "run.png"
+    text = str(out)
+    p = Path(out)
+    if text.endswith(("/", os.sep)) or p.is_dir():
+        return p / DEFAULT_NAME
+    if not p.suffix:
+        return p.with_name(p.name + ".png")
+    return p
+
+
 def run(run_dir, out=None, maps: Sequence[str] = (), source: Optional[str] = None) -> int:
     """Entry point for `rltune plot RUN_DIR [-o run.png]`; returns the exit code."""
     from rltune.monitor.detectors import HealthMonitor
@@ -211,23 +288,29 @@ def run(run_dir, out=None, maps: Sequence[str] = (), source: Optional[str] = Non
     except RunLogError as e:
         print(f"rltune plot: {e}", file=sys.stderr)
         return 2
-    recipe, _, _ = load_recipe(run_dir, log.rows)
+    recipe, _, _ = load_recipe(run_dir, log)
     events = read_events(run_dir)
     if not any(e.get("kind") != "autotune" for e in events):
         # no health events recorded (another tool's log, or health off): compute them now
         mon = HealthMonitor(recipe, enabled=True, write=False)
-        for row in log.rows:
+        for row in log.iter_rows():
             mon.observe(row)
         events = [e.to_dict() for e in mon.events] + [e for e in events if e.get("kind") == "autotune"]
     p = Path(run_dir)
     base = p if p.is_dir() else p.parent
-    out = Path(out) if out else base / "run.png"
+    out = output_path(out, base)
     n_prob = sum(1 for e in events if e.get("severity") in ("warning", "error"))
-    title = f"{base.name or str(base)}: {len(log.rows)} steps, {n_prob} health event(s)"
+    title = f"{base.name or str(base)}: {len(log)} steps, {n_prob} health event(s)"
     try:
-        render(log.rows, events, out, title, recipe.rollout.max_new_tokens, recipe.actor.grad_clip)
+        render(log, events, out, title, recipe.rollout.max_new_tokens, recipe.actor.grad_clip)
     except OSError as e:
         print(f"rltune plot: cannot write {out}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except ValueError as e:   # matplotlib: an unknown file format
+        if "format" not in str(e).lower():
+            raise
+        print(f"rltune plot: cannot write {out}: {e}; fix: use a .png (or .svg, .pdf) file name",
+              file=sys.stderr)
         return 2
     print(f"wrote {out}")
     return 0

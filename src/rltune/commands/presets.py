@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from rltune.errors import RecipeInputError
-from rltune.recipe.presets import flatten, list_presets, preset_path, preset_summary
+from rltune.recipe.presets import flatten, list_presets, load_preset_with_locs, preset_path, preset_summary
 
 
 def run_list() -> int:
@@ -114,7 +114,7 @@ def run_apply(name: str, recipe: str, out: Optional[str]) -> int:
     from rltune.recipe.findings import count, format_text_line, sort_findings
     from rltune.recipe.loader import load_recipe_text
 
-    preset_path(name)  # unknown preset: RecipeInputError, exit 2
+    load_preset_with_locs(name)  # unknown or unreadable preset, a preset naming presets: RecipeInputError, exit 2
     text, changes, skipped = apply_preset_text(name, recipe)
     log = sys.stdout if out else sys.stderr
     if out:

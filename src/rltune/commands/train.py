@@ -6,10 +6,25 @@ import os
 import sys
 from pathlib import Path
 
+
 def run(recipe_path: str, overrides: list[str], resume: str = "auto", allow_recipe_change: bool = False,
         quiet: bool = False, strict: bool = False, nproc: int | None = None, nnodes: int | None = None,
-        launcher: str | None = None, launcher_args: list[str] | None = None) -> int:
+        launcher: str | None = None, launcher_args: list[str] | None = None,
+        command: list[str] | None = None) -> int:
+    """`command`: the user's arguments after `rltune train` (the resume hint repeats them);
+    built from the other arguments when not given."""
     from rltune.recipe import check, format_findings, has_errors
+    from rltune.train.rundir import COMMAND_ENV
+
+    if "RLTUNE_LAUNCHED" in os.environ and COMMAND_ENV in os.environ:
+        command = None  # a rank started by the launcher: the user's command is in the environment
+    elif command is None:
+        command = [str(recipe_path), *overrides]
+        for flag, value in (("--nproc", nproc), ("--nnodes", nnodes), ("--launcher", launcher)):
+            if value is not None:
+                command += [flag, str(value)]
+        command += list(launcher_args or [])
+        command += ["--quiet"] * quiet + ["--strict"] * strict
 
     if nproc is not None:
         overrides = list(overrides) + [f"trainer.nproc={nproc}"]
@@ -28,13 +43,24 @@ def run(recipe_path: str, overrides: list[str], resume: str = "auto", allow_reci
         return 1
     world = recipe.trainer.nproc * recipe.trainer.nnodes
     if world > 1 and not is_child and "LOCAL_RANK" not in os.environ:
+        import json
+
         from rltune.train.launch import launch
 
-        return launch(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args or [])
+        saved = os.environ.get(COMMAND_ENV)
+        os.environ[COMMAND_ENV] = json.dumps(command)  # the ranks print it in their resume hint
+        try:
+            return launch(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args or [])
+        finally:
+            if saved is None:
+                os.environ.pop(COMMAND_ENV, None)
+            else:
+                os.environ[COMMAND_ENV] = saved
     from rltune.train.run import train
 
     try:
-        return train(recipe, Path(recipe_path), resume=resume, allow_recipe_change=allow_recipe_change, quiet=quiet)
+        return train(recipe, Path(recipe_path), resume=resume, allow_recipe_change=allow_recipe_change, quiet=quiet,
+                     command=command)
     except KeyboardInterrupt:
         print("rltune: interrupted", file=sys.stderr)
         return 130

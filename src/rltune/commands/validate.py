@@ -90,7 +90,10 @@ def plan_lines(recipe) -> list:
     return lines
 
 
-def run(args: List[str], overrides: List[str], *, strict: bool = False, fmt: str = "text") -> int:
+def run(args: List[str], overrides: List[str], *, strict: bool = False, fmt: str = "text",
+        skip_files: bool = False) -> int:
+    """Exit 2 when a recipe, or a file it names (data, model, reward: rule `input`), cannot be
+    read; else 1 with errors; else 0. `skip_files`: lint only (a template without its files)."""
     from rltune.recipe.api import check
 
     if fmt not in FORMATS:
@@ -107,7 +110,7 @@ def run(args: List[str], overrides: List[str], *, strict: bool = False, fmt: str
     unreadable = errors = False
     for i, path in enumerate(files):
         try:
-            recipe, findings = check(path, overrides, strict=strict)
+            recipe, findings = check(path, overrides, strict=strict, files=not skip_files)
         except RecipeInputError as e:
             unreadable = True
             f = input_finding(e, path)
@@ -121,6 +124,7 @@ def run(args: List[str], overrides: List[str], *, strict: bool = False, fmt: str
         all_findings.extend(findings)
         c = count(findings)
         errors = errors or c["error"] > 0
+        unreadable = unreadable or any(f.rule == "input" and f.severity == "error" for f in findings)
         if fmt != "text":
             continue
         if i:

@@ -5,7 +5,7 @@ Public API (imported lazily so that `import rltune.recipe` stays cheap):
     Finding, LoadResult, RecipeInputError
     load_recipe(path, overrides=(), extra_presets=()) -> LoadResult
     lint(result_or_recipe) -> list[Finding]
-    check(path, overrides=(), strict=False) -> (Recipe | None, list[Finding])
+    check(path, overrides=(), strict=False, files=False) -> (Recipe | None, list[Finding])
     format_findings(findings, fmt)          # "text" | "json" | "github"
     load_preset(name) -> dict, list_presets() -> list[str]
     Recipe, batch_plan

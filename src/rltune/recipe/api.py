@@ -44,13 +44,19 @@ def lint(result_or_recipe: Union[LoadResult, Recipe], *, strict: bool = False) -
 
 
 def check(path: Union[str, Path], overrides: Iterable[str] = (), strict: bool = False,
-          extra_presets: Iterable[str] = ()) -> tuple:
+          extra_presets: Iterable[str] = (), files: bool = False) -> tuple:
     """Load + validate + lint: (recipe or None, findings). Errors mean: do not train.
 
+    `files`: also check that the data, model and reward files the recipe names exist and that its
+    data files can be read (rule `input`; what `rltune validate` does unless `--skip-files`).
     Raises rltune.errors.RecipeInputError (exit code 2) when the file cannot be read.
     """
     res = load_recipe(path, overrides, extra_presets)
     findings = list(res.findings) + lint(res)
+    if files:
+        from rltune.recipe.files import check_files
+
+        findings += check_files(res)
     if strict:
         findings = strictify(findings)
     return res.recipe, sort_findings(findings)

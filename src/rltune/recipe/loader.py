@@ -17,7 +17,7 @@ from rltune.recipe import introspect as ins
 from rltune.recipe.findings import Finding
 from rltune.recipe.presets import deep_merge, load_preset_with_locs, unknown_preset
 from rltune.recipe.schema import Recipe
-from rltune.recipe.yamlio import parse_value, parse_yaml
+from rltune.recipe.yamlio import MAX_BYTES, parse_value, parse_yaml, too_big
 
 _KEY_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*$")
 
@@ -43,6 +43,7 @@ class LoadResult:
     origins: dict = field(default_factory=dict)   # dotted path -> "recipe" | "preset:NAME" | "override"
     presets: list = field(default_factory=list)
     overrides: dict = field(default_factory=dict)  # dotted path -> raw "key=value"
+    base_dir: Optional[Path] = None                # the recipe's directory (relative presets, data, rewards)
 
     def where(self, path: str) -> tuple:
         """(file, line, col) of `path`, else of its nearest parent, else the recipe's 1:1."""
@@ -95,7 +96,11 @@ def parse_override(text: str) -> tuple:
     key = key.strip()
     if not _KEY_RE.match(key):
         raise RecipeInputError(f"override `{text}`: `{key}` is not a dotted key", fix="write e.g. `actor.lr=2e-6` or `algorithm.kl.coef=0.05`")
-    return key, parse_value(raw.strip())
+    try:
+        return key, parse_value(raw.strip())
+    except RecipeInputError as e:
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise RecipeInputError(f"override `{shown}`: {e.problem}", fix=e.fix) from None
 
 
 def _set_path(data: dict, key: str, value: Any, text: str) -> None:
@@ -142,6 +147,74 @@ def _drop_union_tags(loc: Sequence, data: Any) -> list:
 def _fmt_input(v: Any) -> str:
     s = repr(v)
     return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _yaml_text(v: Any) -> str:
+    """A value as it would be written in YAML: true, null, "16", 1.0e-06."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, str):
+        import json
+
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, float):
+        from rltune.recipe.rules import num
+
+        return num(v)
+    return _fmt_input(v)
+
+
+_TYPE_NAMES = {"bool_type": "true or false", "int_type": "a whole number", "float_type": "a number",
+               "string_type": "text"}
+_WHAT = {bool: "the boolean", str: "the string", int: "the number", float: "the number",
+         list: "the list", dict: "the mapping"}
+
+
+def _type_problem(typ: str, loc: Sequence, inp: Any) -> Optional[tuple]:
+    """(message tail, fix) for a value of the wrong type (strict schema: nothing is coerced)."""
+    if typ not in _TYPE_NAMES or not loc:
+        return None
+    key = str(loc[-1])
+    path = ".".join(map(str, loc))
+    name = key if not key.isdigit() else None
+    what = _WHAT.get(type(inp), "")
+    got = f"{what} {_yaml_text(inp)}".strip()
+    message = f"expected {_TYPE_NAMES[typ]}, got {got}"
+    if isinstance(inp, bool) and typ != "bool_type":
+        message += " (YAML reads unquoted yes/no/on/off/true/false as booleans)"
+
+    def write(v: str) -> str:
+        return f"`{name}: {v}`" if name else f"`{v}`"
+
+    fix = None
+    if typ == "bool_type":
+        fix = f"write {write('true')} or {write('false')}, without quotes"
+    elif typ in ("int_type", "float_type") and isinstance(inp, str):
+        try:
+            parsed = parse_value(inp.strip())
+        except RecipeInputError:
+            parsed = None
+        if isinstance(parsed, (int, float)) and not isinstance(parsed, bool) and (typ == "float_type" or isinstance(parsed, int)):
+            fix = f"write the number without quotes: {write(_yaml_text(parsed))}"
+    elif typ == "int_type" and isinstance(inp, float) and inp.is_integer():
+        fix = f"write a whole number: {write(str(int(inp)))}"
+    elif typ == "string_type" and isinstance(inp, (int, float)) and not isinstance(inp, bool):
+        fix = f"quote it to make it text: {write(_yaml_text(str(inp)))}"
+    if fix is None:
+        fix = f"write {_TYPE_NAMES[typ]}"
+        fi = ins.field_at(path) if name else None
+        if fi is not None:
+            bt = ins.bounds_text(fi)
+            if bt:
+                fix += f" in {bt}"
+            d = None if fi.is_required() else fi.get_default(call_default_factory=True)
+            if isinstance(d, (bool, int, float, str)):
+                fix += f", e.g. {write(_yaml_text(d))} (the default)"
+            if fi.description:
+                fix += f" — {fi.description}"
+    return message, fix
 
 
 def _field_hint(path: str) -> str:
@@ -203,6 +276,9 @@ def _schema_finding(err: dict, res: LoadResult) -> Finding:
         import difflib
         close = difflib.get_close_matches(str(inp), [str(v) for v in vals], n=1, cutoff=0.5)
         fix = (f"did you mean `{close[0]}`? " if close else "") + ("use one of: " + ", ".join(map(str, vals)) if vals else "")
+    elif _type_problem(typ, loc, inp) is not None:
+        tail, fix = _type_problem(typ, loc, inp)
+        message = f"{label}: {tail}"
     else:
         got = _fmt_input(inp)
         message = f"{label}: {msg}" + ("" if got in msg else f" (got {got})")
@@ -243,11 +319,13 @@ def _load(text: str, source: str, overrides: Iterable[str] = (), extra_presets: 
     data, locs = parse_yaml(text, source)
     if not isinstance(data, dict):
         raise RecipeInputError(
-            f"the top level of a recipe must be a mapping of sections, not {type(data).__name__}",
+            "the top level of a recipe must be a mapping of sections, not "
+            + {type(None): "an empty document", list: "a list", str: "a plain string", bool: "a boolean",
+               int: "a number", float: "a number"}.get(type(data), type(data).__name__),
             file=source, line=1, column=1,
             fix="start with `model:`, `data:`, `reward:` sections; see recipes/minimal.yaml")
     origins = {p: "recipe" for p in locs}
-    res = LoadResult(source=source, data=data, recipe=None, locs=dict(locs), origins=origins)
+    res = LoadResult(source=source, data=data, recipe=None, locs=dict(locs), origins=origins, base_dir=base_dir)
 
     # overrides (before presets, so `preset=NAME` works; they still win over presets)
     for i, text_ in enumerate(overrides, 1):
@@ -278,14 +356,15 @@ def _load(text: str, source: str, overrides: Iterable[str] = (), extra_presets: 
             try:
                 pdata, plocs, ppath = load_preset_with_locs(name, base_dir)
             except RecipeInputError as e:
+                file, line, col = None, 0, 0
+                if idx < n_own:
+                    own = data.get("preset")
+                    file, line, col = res.where(f"preset.{idx}" if isinstance(own, list) else "preset")
                 if e.problem.startswith("unknown preset"):
-                    file, line, col = None, 0, 0
-                    if idx < n_own:
-                        own = data.get("preset")
-                        file, line, col = res.where(f"preset.{idx}" if isinstance(own, list) else "preset")
                     raise unknown_preset(name, file, line, col) from None
+                if e.file is None and file is not None:  # e.g. a preset file not found: say where it was named
+                    raise RecipeInputError(e.problem, file=file, line=line, column=col, fix=e.fix) from None
                 raise
-            pdata.pop("preset", None)
             under = deep_merge(under, pdata)
             for p, l in plocs.items():
                 under_locs[p] = (l, f"preset:{name}")
@@ -312,17 +391,28 @@ def load_recipe(path: Union[str, Path], overrides: Iterable[str] = (), extra_pre
     source = str(path)
     p = Path(path)
     if not p.exists():
+        if p.is_symlink():
+            from rltune.data.datasets import missing_file_reason
+
+            raise RecipeInputError(f"recipe file `{source}` {missing_file_reason(p)}",
+                                   fix="point the link at an existing recipe, or give the file's real path")
         raise RecipeInputError(f"recipe file `{source}` not found", fix="check the path; shipped examples are in recipes/ (e.g. recipes/minimal.yaml)")
     if p.is_dir():
         raise RecipeInputError(f"`{source}` is a directory, not a recipe file", fix="give a .yaml file, e.g. recipes/minimal.yaml")
     try:
+        size = p.stat().st_size
+        if size > MAX_BYTES:
+            raise too_big(size, source)
         raw = p.read_bytes()
     except OSError as e:
         raise RecipeInputError(f"cannot read `{source}`: {e.strerror or e}", fix="check the file's permissions") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise RecipeInputError(f"`{source}` is not UTF-8 text (byte {e.start})", fix="save the recipe as UTF-8 YAML") from None
+        line = raw[:e.start].count(b"\n") + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise RecipeInputError(f"the recipe is not UTF-8 text (byte 0x{raw[e.start]:02x})", file=source, line=line,
+                               column=col, fix="save the recipe as UTF-8 YAML") from None
     return _load(text, source, overrides, extra_presets, base_dir=p.parent)
 
 

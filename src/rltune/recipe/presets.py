@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from rltune.errors import RecipeInputError
-from rltune.recipe.yamlio import parse_yaml
+from rltune.recipe.yamlio import MAX_BYTES, parse_yaml, too_big
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 
@@ -28,8 +28,13 @@ def preset_path(name: str, base_dir: Optional[Path] = None) -> Path:
             p = base_dir / p
         if p.is_file():
             return p
-        raise RecipeInputError(f"preset file `{name}` not found", fix="give a path relative to the recipe, or a preset name: "
-                               + ", ".join(list_presets()))
+        why = "not found" if not p.is_dir() else "is a directory"
+        if not p.exists() and p.is_symlink():
+            from rltune.data.datasets import missing_file_reason
+
+            why = missing_file_reason(p)
+        raise RecipeInputError(f"preset file `{name}` {why} (looked for {p.resolve() if not p.is_symlink() else p})",
+                               fix="give a path relative to the recipe, or a preset name: " + ", ".join(list_presets()))
     p = PRESET_DIR / f"{name}.yaml"
     if p.is_file():
         return p
@@ -44,11 +49,39 @@ def unknown_preset(name: str, file: Optional[str] = None, line: int = 0, column:
 
 
 def load_preset_with_locs(name: str, base_dir: Optional[Path] = None) -> tuple[dict, dict, Path]:
+    """(data, {dotted path: (file, line, col)}, file) of a preset. A preset is one level: it may
+    not name other presets (the recipe lists them all, in order), so there are no chains or cycles."""
     path = preset_path(name, base_dir)
-    data, locs = parse_yaml(path.read_text(encoding="utf-8"), str(path), what="preset")
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise too_big(size, str(path), "preset")
+        raw = path.read_bytes()
+    except OSError as e:
+        raise RecipeInputError(f"cannot read preset file `{path}`: {e.strerror or e}", fix="check the file's permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise RecipeInputError(f"the preset is not UTF-8 text (byte 0x{raw[e.start]:02x})", file=str(path), line=line,
+                               column=col, fix="save the preset as UTF-8 YAML") from None
+    data, locs = parse_yaml(text, str(path), what="preset")
     if not isinstance(data, dict):
         raise RecipeInputError("a preset must be a mapping of recipe sections", file=str(path), line=1, column=1,
                                fix="write it like a recipe fragment, e.g. `actor: {lr: 1.0e-6}`")
+    if "preset" in data:
+        inner = data["preset"]
+        inner_names = [inner] if isinstance(inner, str) else (list(inner) if isinstance(inner, list) else [])
+        shown = ", ".join(map(str, inner_names)) if inner_names else repr(inner)
+        chain = ", ".join([str(n) for n in inner_names] + [name])
+        _, line, col = locs.get("preset", (None, 1, 1))
+        raise RecipeInputError(
+            f"a preset cannot name other presets (`preset: {shown}` in preset `{name}`): presets are "
+            "merged one level deep, in the order the recipe lists them",
+            file=str(path), line=line, column=col,
+            fix=f"delete `preset:` from {path.name} and list them all in the recipe instead: "
+                f"`preset: [{chain}]` (later ones win)")
     return data, locs, path
 
 

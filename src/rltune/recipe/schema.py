@@ -23,7 +23,10 @@ GROUP_ALGOS = ("grpo", "rloo")
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # strict: YAML already gives every value its type, so `"16"`, `"yes"` or `true` where a
+    # number is expected are mistakes to report, not strings to coerce (an int where a float is
+    # expected is still fine: `lr: 1`, `kl.coef: 0`). Overrides are parsed as YAML first.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True)
 
 
 def F(default, description: str, **kw):
@@ -63,6 +66,8 @@ class RewardCfg(Section):
     normalize: bool = F(False, "Normalise rewards with a running mean/std over the global batch (all ranks) before advantages.")
     clip: Optional[float] = F(None, "Clip rewards to [-clip, clip] after normalisation.", gt=0, le=1e6)
     on_error: Literal["raise", "zero"] = F("raise", "A reward function that raises or returns NaN: stop the run, or score 0 and warn.")
+    isolate: bool = F(False, "Run user reward functions (not builtins) in a worker process: one that exits (os._exit), crashes or exceeds reward.timeout is reported and handled by reward.on_error instead of ending the run.")
+    timeout: float = F(60.0, "Seconds per reward-function call with reward.isolate; a call that takes longer is stopped and reported.", gt=0, le=86400)
 
     @model_validator(mode="after")
     def _weights_match(self):
@@ -118,6 +123,12 @@ class OptimCfg(Section):
     gradient_checkpointing: bool = F(False, "Recompute activations in training passes (never during generation).")
     offload_optimizer: bool = F(False, "ZeRO optimizer-state offload to CPU (GPU runs; needs the cpu_adam op).")
     device_mesh: Optional[list[int]] = F(None, "Device ids (ranks) this role runs on; None = all.")
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _betas_from_list(cls, v):
+        # YAML and JSON have lists, not tuples (strict mode accepts only a tuple)
+        return tuple(v) if isinstance(v, list) else v
 
     @field_validator("device_mesh", mode="before")
     @classmethod

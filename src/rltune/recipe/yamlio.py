@@ -6,7 +6,7 @@ No pydantic import (`rltune presets list` uses it on its own).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
@@ -29,6 +29,60 @@ _Loader.add_implicit_resolver(
 
 _MERGE = "tag:yaml.org,2002:merge"
 _MAX_DEPTH = 64
+MAX_BYTES = 1_000_000    # a recipe is a few KB; anything near this is the wrong file
+MAX_VALUES = 100_000     # keys + values after alias expansion (a recipe has a few hundred)
+
+
+def too_big(size: int, file: str, what: str = "recipe") -> RecipeInputError:
+    """The error for a recipe or preset file over MAX_BYTES (checked before it is read)."""
+    return RecipeInputError(
+        f"the {what} is {size / 1e6:.1f} MB; a {what} may be at most {MAX_BYTES // 1_000_000} MB "
+        "(a recipe is a few KB)", file=file,
+        fix="check that this is the right file: prompts and other data belong in a data file "
+            "(data.train: path/to/prompts.jsonl), not in the recipe")
+
+
+def _check_size(text: str, file: str, what: str) -> None:
+    if len(text) > MAX_BYTES or (len(text) * 4 > MAX_BYTES and len(text.encode("utf-8", "replace")) > MAX_BYTES):
+        raise too_big(len(text.encode("utf-8", "replace")), file, what)
+
+
+def _check_expansion(root, file: Optional[str]) -> None:
+    """Refuse a document whose aliases expand to more than MAX_VALUES nodes ("billion laughs")
+    before anything is expanded: the expanded size of every node is computed once (memoised on
+    the node), so this costs one pass over the nodes as written."""
+    sizes: dict = {}
+    aliased = [0]
+
+    def size(n, depth: int) -> int:
+        key = id(n)
+        if key in sizes:
+            aliased[0] += 1
+            return sizes[key]
+        if depth > _MAX_DEPTH:
+            raise RecipeInputError("YAML nesting too deep (a recursive anchor?)", file=file,
+                                   line=n.start_mark.line + 1, column=n.start_mark.column + 1,
+                                   fix="remove the self-referencing alias")
+        if isinstance(n, MappingNode):
+            total = 1 + sum(size(k, depth + 1) + size(v, depth + 1) for k, v in n.value)
+        elif isinstance(n, SequenceNode):
+            total = 1 + sum(size(c, depth + 1) for c in n.value)
+        else:
+            total = 1
+        if total > MAX_VALUES:
+            line, col = n.start_mark.line + 1, n.start_mark.column + 1
+            if aliased[0]:
+                raise RecipeInputError(
+                    f"YAML aliases expand to more than {MAX_VALUES:,} values here (aliases `*name` "
+                    "repeated inside each other: a \"billion laughs\" file?)", file=file, line=line, column=col,
+                    fix="write the values out instead of nesting aliases; a recipe holds a few hundred values")
+            raise RecipeInputError(f"more than {MAX_VALUES:,} values in one document; a recipe holds a few hundred",
+                                   file=file, line=line, column=col,
+                                   fix="check that this is the right file: data belongs in a data file (data.train)")
+        sizes[key] = total
+        return total
+
+    size(root, 0)
 
 
 def _first_tab_line(text: str):
@@ -71,6 +125,7 @@ def parse_yaml(text: str, file: str, *, what: str = "recipe") -> tuple[Any, dict
         raise RecipeInputError(
             f"the {what} is empty", file=file,
             fix="a recipe needs at least model.policy, data.train and a reward; start from recipes/minimal.yaml")
+    _check_size(text, file, what)
     loader = _Loader(text)
     locs: dict = {}
     try:
@@ -78,6 +133,7 @@ def parse_yaml(text: str, file: str, *, what: str = "recipe") -> tuple[Any, dict
             node = loader.get_single_node()
         except yaml.YAMLError as e:
             raise _yaml_error(e, text, file) from None
+        _check_expansion(node, file)
 
         def where(n):
             return (file, n.start_mark.line + 1, n.start_mark.column + 1)
@@ -143,8 +199,17 @@ def parse_yaml(text: str, file: str, *, what: str = "recipe") -> tuple[Any, dict
 
 
 def parse_value(text: str) -> Any:
-    """Parse one override value as YAML (`1e-6`, `[0, 1]`, `null`, `true`, `bf16`)."""
+    """Parse one override value as YAML (`1e-6`, `[0, 1]`, `null`, `true`, `bf16`).
+
+    Raises RecipeInputError (no file) for a value whose aliases expand too far."""
+    loader = _Loader(text)
     try:
-        return yaml.load(text, Loader=_Loader)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node, None)
+        return loader.construct_document(node)
     except yaml.YAMLError:
         return text  # not YAML at all: keep the raw string, the schema judges it
+    finally:
+        loader.dispose()

@@ -22,6 +22,11 @@ class RewardError(UserError):
     """A reward that cannot be loaded or computed (message is user-facing)."""
 
 
+EXIT_FIX = ("reward code must not end the process: raise an exception (or return 0.0) instead of"
+            " calling sys.exit()/exit()")
+ERROR_FIX = "fix the function, or set reward.on_error: zero to score such samples 0"
+
+
 def load_reward_function(spec: str, base_dir: Path | None = None) -> Callable:
     """Resolve `builtin:NAME`, `module:function` or `path/to/file.py:function`."""
     if spec.startswith("builtin:"):
@@ -45,11 +50,15 @@ def load_reward_function(spec: str, base_dir: Path | None = None) -> Callable:
         sys.modules[mod_name] = module
         try:
             module_spec.loader.exec_module(module)
+        except SystemExit as err:
+            raise RewardError(f"importing reward file {target} called sys.exit({err.code!r})\n  fix: {EXIT_FIX}") from None
         except Exception as err:  # noqa: BLE001
             raise RewardError(f"importing reward file {target} failed: {type(err).__name__}: {err}") from err
     else:
         try:
             module = importlib.import_module(target)
+        except SystemExit as err:
+            raise RewardError(f"importing reward module {target!r} called sys.exit({err.code!r})\n  fix: {EXIT_FIX}") from None
         except Exception as err:  # noqa: BLE001
             raise RewardError(f"cannot import reward module {target!r}: {type(err).__name__}: {err}") from err
     fn = getattr(module, func_name, None)
@@ -98,7 +107,16 @@ class RewardComputer:
         rank): the running normaliser sees the global batch, so its state is the same on every rank."""
         self.cfg = cfg
         self.gather = gather or (lambda values: values)
-        self.functions = [(spec, load_reward_function(spec, base_dir)) for spec in cfg.functions]
+        isolate = getattr(cfg, "isolate", False)
+        timeout = getattr(cfg, "timeout", 60.0)
+        self.functions = []
+        for spec in cfg.functions:
+            if isolate and not spec.startswith("builtin:"):
+                from .isolate import IsolatedReward
+                fn = IsolatedReward(spec, base_dir, timeout)   # user code in a worker process
+            else:
+                fn = load_reward_function(spec, base_dir)
+            self.functions.append((spec, fn))
         self.weights = list(cfg.weights) if cfg.weights is not None else [1.0] * len(self.functions)
         # callable(prompts, completions, conversations=...) -> list[float], e.g. RewardModelScorer
         self.reward_model = reward_model
@@ -110,11 +128,11 @@ class RewardComputer:
     def _call_one(self, spec, fn, prompts, completions, columns) -> list[float]:
         try:
             values = fn(prompts, completions, **columns)
-        except Exception as err:  # noqa: BLE001 - find the sample, then report
+        except (Exception, SystemExit) as err:  # noqa: BLE001 - find the sample, then report; Ctrl-C passes
             bad = self._first_failing_sample(fn, prompts, completions, columns)
             where = f"sample {bad} (prompt {prompts[bad][:60]!r})" if bad is not None else f"a batch of {len(prompts)}"
-            msg = f"reward function {spec} raised {type(err).__name__}: {err} on {where}"
-            return self._on_error(msg, len(prompts))
+            what, fix = _describe_failure(err)
+            return self._on_error(f"reward function {spec} {what} {where}", len(prompts), fix)
         try:
             values = [float(v) for v in values]
         except (TypeError, ValueError) as err:
@@ -132,19 +150,27 @@ class RewardComputer:
         return values
 
     def _first_failing_sample(self, fn, prompts, completions, columns):
+        if len(prompts) < 2:
+            return 0 if prompts else None
         for i in range(len(prompts)):
             try:
                 fn(prompts[i:i + 1], completions[i:i + 1], **{k: v[i:i + 1] for k, v in columns.items()})
-            except Exception:  # noqa: BLE001
+            except (Exception, SystemExit):  # noqa: BLE001
                 return i
         return None
 
-    def _on_error(self, msg: str, n: int) -> list[float]:
+    def _on_error(self, msg: str, n: int, fix: str = ERROR_FIX) -> list[float]:
         if self.cfg.on_error == "raise":
-            raise RewardError(msg + "\n  fix: fix the function, or set reward.on_error: zero to score such samples 0")
+            raise RewardError(f"{msg}\n  fix: {fix}")
         if self.log:
             self.log.warning(msg + "; scored 0 (reward.on_error: zero)")
         return [0.0] * n
+
+    def close(self) -> None:
+        """Stop the reward workers (reward.isolate); they also stop when the process exits."""
+        for _, fn in self.functions:
+            if hasattr(fn, "close"):
+                fn.close()
 
     def __call__(self, prompts: list[str], completions: list[str], columns: dict[str, list],
                  conversations: list[list[dict]] | None = None, training: bool = True) -> RewardResult:
@@ -179,3 +205,17 @@ class RewardComputer:
 
     def load_state_dict(self, state: dict) -> None:
         self.moments = RunningMoments(state["count"], state["mean"], state["m2"])
+
+
+def _describe_failure(err: BaseException) -> tuple[str, str]:
+    """("raised ValueError: ... on" | "called sys.exit(3) while scoring" | "exited with code 1 while
+    scoring", fix) for a reward function that failed; the caller appends the sample."""
+    from .isolate import RemoteRewardError, RewardWorkerError
+
+    if isinstance(err, SystemExit):
+        return f"called sys.exit({err.code!r}) while scoring", EXIT_FIX + ", or set reward.on_error: zero to score such samples 0"
+    if isinstance(err, RewardWorkerError):
+        return f"{err.what} while scoring", err.fix
+    if isinstance(err, RemoteRewardError):
+        return f"raised {err.remote_type}: {err} on", ERROR_FIX
+    return f"raised {type(err).__name__}: {err} on", ERROR_FIX

@@ -6,6 +6,7 @@ Layout: RUN_DIR/checkpoints/step-00000010/
                        health monitor and autotune state, recipe hash
   rng-rank{R}.pt       RNG states (python, numpy, torch, the update shuffler), tensors only
   manifest.json        step, recipe hash, every file with size and sha256 (written last)
+RUN_DIR/final/ (the exported policy) is written the same way, with its own manifest.json.
 A checkpoint is written to a temp dir, fsynced, then renamed; a directory without a valid
 manifest (killed mid-write, truncated or altered file) is skipped with a warning and the
 previous good one is used. Our files load with `weights_only=True` or JSON.
@@ -78,45 +79,83 @@ def set_rng_state(state: dict, gen: torch.Generator) -> None:
 
 
 def save(run_dir: Path, step: int, engines: dict, state: dict, gen: torch.Generator, rank: int,
-         keep: int) -> Path:
-    """Write checkpoint `step` atomically (every rank calls this)."""
+         keep: int, pause=None) -> Path:
+    """Write checkpoint `step` atomically (every rank calls this). Whatever stops it (an
+    exception, a full disk, a second Ctrl-C) removes the partial temp dir; the checkpoints
+    already there are never touched until the new one is complete. `pause(step)`: a test hook."""
     root = run_dir / CKPT_DIR
     final = root / f"{PREFIX}{step:08d}"
     tmp = root / f".tmp-{PREFIX}{step:08d}"
+    try:
+        if rank == 0:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+        barrier()
+        for name, engine in engines.items():
+            if engine is not None:
+                engine.save_checkpoint(str(tmp / name), tag="ds", save_latest=False)
+        torch.save(rng_state(gen), tmp / f"rng-rank{rank}.pt")
+        if pause is not None:  # tests: a window in which the save is half done (faults.py)
+            pause(step)
+        barrier()
+        if rank == 0:
+            (tmp / "state.json").write_text(json.dumps(state, indent=1, allow_nan=True))
+            write_manifest(tmp, {"step": step, "recipe_hash": state.get("recipe_hash")})
+            _swap_in(tmp, final)
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if rank == 0:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-    barrier()
-    for name, engine in engines.items():
-        if engine is not None:
-            engine.save_checkpoint(str(tmp / name), tag="ds", save_latest=False)
-    torch.save(rng_state(gen), tmp / f"rng-rank{rank}.pt")
-    barrier()
-    if rank == 0:
-        (tmp / "state.json").write_text(json.dumps(state, indent=1, allow_nan=True))
-        files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
-                 for p in sorted(tmp.rglob("*")) if p.is_file()}
-        manifest = {"step": step, "recipe_hash": state.get("recipe_hash"), "files": files}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        _fsync_tree(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
         _prune(root, keep)
     barrier()
     return final
 
 
+def write_manifest(root: Path, header: dict) -> None:
+    """manifest.json (written last): every file with its size and sha256; then fsync."""
+    files = {str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(root.rglob("*")) if p.is_file() and p != root / "manifest.json"}
+    (root / "manifest.json").write_text(json.dumps({**header, "files": files}, indent=1))
+    _fsync_tree(root)
+
+
+def _swap_in(tmp: Path, final: Path) -> None:
+    """Rename a complete temp dir into place; an older dir of that name is renamed away first
+    and removed last, so a kill at any point leaves either the old or the new one whole."""
+    old = final.with_name(final.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _prune(root: Path, keep: int) -> None:
-    ckpts = sorted(p for p in root.glob(f"{PREFIX}*") if p.is_dir())
+    ckpts = checkpoints(root.parent)
     for old in ckpts[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
 
 def verify(path: Path) -> str | None:
-    """None when the checkpoint is complete and intact, else what is wrong."""
+    """None when the checkpoint (or final/) is complete and intact, else what is wrong."""
     manifest = path / "manifest.json"
+    if not path.exists():
+        return "it does not exist"
+    if not path.is_dir():
+        return "it is a file, not a checkpoint directory"
     if not manifest.exists():
         return "no manifest.json (written last: the save did not finish)"
     try:
@@ -134,10 +173,14 @@ def verify(path: Path) -> str | None:
     return None
 
 
+def checkpoints(run_dir: Path) -> list[Path]:
+    """RUN_DIR/checkpoints/step-N directories, oldest first (complete or not)."""
+    return sorted(p for p in (run_dir / CKPT_DIR).glob(f"{PREFIX}*") if p.is_dir() and not p.name.endswith(".old"))
+
+
 def find_resumable(run_dir: Path, log) -> Path | None:
     """The newest valid checkpoint; broken ones are reported and skipped."""
-    root = run_dir / CKPT_DIR
-    for path in sorted((p for p in root.glob(f"{PREFIX}*") if p.is_dir()), reverse=True):
+    for path in reversed(checkpoints(run_dir)):
         problem = verify(path)
         if problem is None:
             return path
@@ -194,20 +237,42 @@ def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
     return json.loads((path / "state.json").read_text())
 
 
-def export_hf(actor_engine, tokenizer, out_dir: Path, rank: int) -> None:
-    """The final policy as a `from_pretrained` directory (gathered from ZeRO-3 shards)."""
+def export_hf(actor_engine, tokenizer, out_dir: Path, rank: int, step: int | None = None) -> None:
+    """The final policy as a `from_pretrained` directory (gathered from ZeRO-3 shards), written
+    like a checkpoint: into final.tmp/, with a manifest.json (step, sizes, sha256), then
+    renamed. A run killed meanwhile has no (or its old) final/; `--resume auto` exports again."""
     from ..engine.weights import full_state_dict
 
     state = full_state_dict(actor_engine)  # every rank takes part in the gather
     if rank != 0:
         return
     tmp = out_dir.with_name(out_dir.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    module = actor_engine.module
-    module.save_pretrained(tmp, state_dict={k: v.float() if v.is_floating_point() else v for k, v in state.items()},
-                           safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.rename(tmp, out_dir)
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        module = actor_engine.module
+        module.save_pretrained(tmp, state_dict={k: v.float() if v.is_floating_point() else v
+                                                for k, v in state.items()}, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        write_manifest(tmp, {"step": step, "kind": "final"})
+        _swap_in(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def final_problem(out_dir: Path, step: int) -> str | None:
+    """None when final/ holds a complete export of step `step`, else what is wrong."""
+    if not out_dir.exists():
+        old = out_dir.with_name(out_dir.name + ".tmp")
+        return "it is missing" + (" (final.tmp/ shows an export that did not finish)" if old.exists() else "")
+    problem = verify(out_dir)
+    if problem:
+        return problem.replace("the save did not finish", "the export did not finish")
+    try:
+        saved = json.loads((out_dir / "manifest.json").read_text()).get("step")
+    except (OSError, ValueError):
+        return "manifest.json unreadable"
+    if saved is not None and int(saved) != step:
+        return f"it holds step {saved}, the run is at step {step}"
+    return None

@@ -10,6 +10,9 @@ Kinds:
                            the loss stays finite, its gradient becomes inf (non-finite gradient)
   reward_nan               the first sample's reward is nan
   skip_sync                the actor -> rollout weight sync is skipped (stale rollout weights)
+  slow_save                the checkpoint of that step pauses after its model files are written,
+                           before its manifest (RLTUNE_SLOW_SAVE_S seconds, default 30): a window to
+                           interrupt a save in
 """
 
 from __future__ import annotations
@@ -51,6 +54,13 @@ class Faults:
 
     def on(self, kind: str) -> bool:
         return self.step in self.at.get(kind, ())
+
+    def save_pause(self, step: int) -> None:
+        """Called by the checkpoint writer between the model files and the manifest."""
+        if step in self.at.get("slow_save", ()):
+            import time
+
+            time.sleep(float(os.environ.get("RLTUNE_SLOW_SAVE_S", "30")))
 
     def install(self, c) -> None:
         """Wrap the components' seams (in place)."""

@@ -20,7 +20,13 @@ def prompt_messages(row: dict, prompt_key: str, data_cfg) -> list[dict]:
 
 
 def encode_prompt(row: dict, tokenizer, data_cfg, prompt_key: str) -> list[int]:
-    """Token ids of one prompt, left-truncated to `data.max_prompt_length`."""
+    """Token ids of one prompt, left-truncated to `data.max_prompt_length` (see
+    `truncation_warning`: the run says once how many prompts that cuts)."""
+    return prompt_ids(row, tokenizer, data_cfg, prompt_key)[-data_cfg.max_prompt_length:]
+
+
+def prompt_ids(row: dict, tokenizer, data_cfg, prompt_key: str) -> list[int]:
+    """Token ids of one prompt as the policy receives it (chat template applied), untruncated."""
     value = row[prompt_key]
     if uses_chat_template(tokenizer, data_cfg):
         messages = prompt_messages(row, prompt_key, data_cfg)
@@ -32,8 +38,31 @@ def encode_prompt(row: dict, tokenizer, data_cfg, prompt_key: str) -> list[int]:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if tokenizer.bos_token_id is not None:
             ids = [tokenizer.bos_token_id] + ids
-    ids = list(ids)
-    return ids[-data_cfg.max_prompt_length:]
+    return list(ids)
+
+
+def truncation_warning(rows: list[dict], tokenizer, data_cfg, prompt_key: str, key: str = "data.train",
+                       max_checked: int = 2000) -> str | None:
+    """One warning for the prompts longer than `data.max_prompt_length` (they are left-truncated:
+    the policy never sees their beginning), with their count, the longest length and the fix;
+    None when every prompt fits. Checks every row, or `max_checked` evenly spaced ones."""
+    n = len(rows)
+    limit = data_cfg.max_prompt_length
+    step = max(1, -(-n // max_checked))
+    checked = over = longest = 0
+    for i in range(0, n, step):
+        length = len(prompt_ids(rows[i], tokenizer, data_cfg, prompt_key))
+        checked += 1
+        if length > limit:
+            over += 1
+            longest = max(longest, length)
+    if not over:
+        return None
+    share = f"{over} of {checked} prompts" if checked == n else f"{over} of {checked} sampled prompts (of {n})"
+    return (f"{key}: {share} are longer than data.max_prompt_length ({limit} tokens; the longest has {longest}) "
+            "and are left-truncated: the policy does not see their beginning\n"
+            f"  fix: raise data.max_prompt_length to {longest} (rollout.max_model_len and reward.max_length "
+            "must then hold it plus rollout.max_new_tokens), or shorten those prompts")
 
 
 def prompt_text(row: dict, prompt_key: str) -> str:

@@ -1,13 +1,17 @@
-"""`rltune train`: set up, resume, loop, checkpoint, export. The loop itself is in loop.py."""
+"""`rltune train`: set up, resume, loop, checkpoint, export. The loop itself is in loop.py; the
+run directory's lifecycle (lock, moving an old run aside, storage errors, the resume command)
+in rundir.py; what a resume continues from and what a changed recipe may change in resume.py."""
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import signal
 from pathlib import Path
 
 from ..recipe.schema import Recipe
-from .collective import barrier
+from .collective import barrier, broadcast_int
 from .console import LOG, Progress, setup_logging
 from .setup import TrainError
 
@@ -15,93 +19,159 @@ EXIT_INTERRUPTED = 130
 
 
 class _Stop:
-    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint after the current step."""
+    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint after the current step and exits.
+    A second one abandons at once (KeyboardInterrupt), a save in progress included: its
+    partial files are removed and the last complete checkpoint stays what a resume uses."""
 
     def __init__(self):
         self.signal = None
+        self.saving: int | None = None      # the step being saved right now
+        self.abandoned: int | None = None   # the step whose save a second signal abandoned
+
+    def again(self) -> str:
+        return "press Ctrl-C again" if self.signal in (None, signal.SIGINT) else "send SIGTERM again"
 
     def __call__(self, signum, frame):
-        if self.signal is not None:  # second Ctrl-C: give up at once
+        if self.signal is not None:  # the second one: give up at once
             raise KeyboardInterrupt
         self.signal = signum
-        LOG.warning("received %s: finishing this step, saving a checkpoint, then exiting",
-                    signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if self.saving is not None:
+            LOG.warning("received %s while saving checkpoint step %d: the save finishes, then the run exits "
+                        "(%s to abort the save)", name, self.saving, self.again())
+        else:
+            LOG.warning("received %s: finishing this step, saving a checkpoint, then exiting (%s to exit at once "
+                        "without saving)", name, self.again())
+
+
+def _main_first(dist, fn):
+    """Run `fn` on rank 0 only; a TrainError there stops every rank (the message on rank 0)."""
+    err = result = None
+    if dist.is_main:
+        try:
+            result = fn()
+        except TrainError as e:
+            err = e
+    ok = broadcast_int(0 if err is not None else 1)
+    if err is not None:
+        raise err
+    if not ok:
+        raise TrainError("rank 0 could not set up the run directory (its message says why)")
+    return result
 
 
 def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_change: bool = False,
-          quiet: bool = False) -> int:
+          quiet: bool = False, command: list[str] | None = None) -> int:
+    """`command`: the user's arguments after `rltune train` (for the resume hint)."""
+    from ..engine.distributed import init_distributed
+    from .rundir import RunLock, prepare
+
+    dist = init_distributed(recipe.trainer.device)
+    run_dir = Path(recipe.trainer.output_dir)
+    lock = RunLock(run_dir)
+    stale = _main_first(dist, lambda: (prepare(run_dir), lock.acquire())[1])
+    try:
+        return _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dist, run_dir, stale)
+    finally:
+        lock.release()
+
+
+def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dist, run_dir, stale) -> int:
     import torch
     import yaml
 
-    from ..engine.distributed import init_distributed
     from . import checkpoint as ckpt
+    from . import resume as rs
+    from . import rundir as rd
     from .faults import Faults
     from .loop import apply_knobs, evaluate, initial_knobs, train_step
     from ..monitor.trackers import log_all
     from .setup import build
 
-    dist = init_distributed(recipe.trainer.device)
-    run_dir = Path(recipe.trainer.output_dir)
-    if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    barrier()
-    setup_logging(run_dir, "quiet" if quiet else recipe.logging.console, dist.is_main)
+    console = "quiet" if quiet else recipe.logging.console
+    setup_logging(run_dir, console, dist.is_main)
+    if stale:
+        LOG.warning("%s", stale)
+    hint = rd.resume_hint(command, recipe_path)
     recipe_dict = recipe.model_dump(mode="json")
     rhash = ckpt.recipe_hash({k: v for k, v in recipe_dict.items() if k != "trainer"} |
                              {"trainer": {k: v for k, v in recipe_dict["trainer"].items()
                                           if k not in ("max_steps", "save_every", "keep_checkpoints")}})
 
     # resume: find the checkpoint and check the recipe before building anything heavy
-    resume_path = None
-    if resume != "never":
-        resume_path = Path(resume) if resume != "auto" else ckpt.find_resumable(run_dir, LOG)
-        if resume_path is not None and resume != "auto":
-            problem = ckpt.verify(resume_path)
-            if problem:
-                raise TrainError(f"checkpoint {resume_path} is not usable: {problem}")
+    resume_path = rs.choose_checkpoint(run_dir, resume, LOG)
+    changes: list = []
     if resume_path is not None:
         saved = json.loads((resume_path / "state.json").read_text())
         if saved.get("recipe_hash") != rhash:
-            changed = _changed_keys(saved.get("recipe", {}), recipe_dict)
-            if not allow_recipe_change:
-                raise TrainError(
-                    f"the recipe changed since checkpoint {resume_path.name}: {', '.join(changed) or 'unknown keys'}\n"
-                    "  fix: resume with the same recipe, pass --allow-recipe-change, or --resume never to start over")
-            LOG.warning("resuming with a changed recipe (--allow-recipe-change): %s", ", ".join(changed))
+            changes = rs.recipe_changes(saved.get("recipe", {}), recipe_dict)
+            rs.check_changes(changes, allow_recipe_change, resume_path, run_dir)
 
+    # one run per directory: a new run moves an old one aside, a resume from an earlier
+    # checkpoint moves the later ones (an abandoned continuation) aside
+    barrier()  # every rank has chosen its checkpoint before rank 0 moves anything
+    moved = _main_first(dist, lambda: _own_directory(run_dir, resume_path))
+    if moved is not None:
+        setup_logging(run_dir, console, dist.is_main)  # train.log went with the old run
+        LOG.warning("%s", moved)
     if dist.is_main:
-        (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe_dict, sort_keys=False))
+        _write(run_dir / "recipe.yaml", yaml.safe_dump(recipe_dict, sort_keys=False), hint)
     drawn_seed = saved.get("seed") if resume_path is not None else None
     c = build(recipe, dist, recipe_path.parent, seed=drawn_seed)
     knobs = initial_knobs(c)
     gen = torch.Generator().manual_seed((recipe.trainer.seed or 0) + 17)
     engines = {"actor": c.actor, "critic": c.critic}
     start = 0
-    if resume_path is None and dist.is_main:
-        for name in ("metrics.jsonl", "events.jsonl", "eval.json"):  # a fresh run starts fresh logs
-            if (run_dir / name).exists():
-                (run_dir / name).unlink()
     if resume_path is not None:
         state = ckpt.load(resume_path, engines, gen, dist.rank)
         start = int(state["step"])
     monitor, tuner, sinks = _monitoring(recipe, run_dir, dist, start if resume_path is not None else None)
     if resume_path is not None:
         _restore(c, knobs, monitor, tuner, state)
+        if tuner is not None and state.get("autotune") is None:  # autotune newly on: it starts from the run's knobs
+            for k, v in vars(knobs).items():
+                setattr(tuner.knobs, k, v)
+        notes = rs.apply_changes(changes, c, knobs, tuner)  # the new values win over the checkpoint's
         apply_knobs(c, knobs)
         c.rollout.sync_weights(c.actor)
         LOG.info("resumed from %s at step %d", resume_path, start)
+        if notes:
+            LOG.warning("resuming with a changed recipe (--allow-recipe-change); taking effect now: %s",
+                        "; ".join(notes))
+
+    stop = _Stop()
+    saved_step: list[int | None] = [None]
 
     def save(step: int) -> None:
+        if saved_step[0] == step:
+            return
         state = {"step": step, "seed": c.seed, "recipe_hash": rhash, "recipe": recipe_dict, "kl_ctl": c.kl_ctl.state_dict(),
                  "sampler": c.sampler.state_dict(), "rewards": c.rewards.state_dict(),
                  "knobs": vars(knobs).copy(), "skipped_in_a_row": skipped_in_a_row,
                  "eval_start": eval_start,
                  "monitor": monitor.state_dict() if monitor is not None else None,
                  "autotune": tuner.state_dict() if tuner is not None else None}
-        path = ckpt.save(run_dir, step, engines, state, gen, dist.rank, recipe.trainer.keep_checkpoints)
+        if stop.signal is not None:
+            LOG.warning("saving checkpoint step %d (%s to abort the save)", step, stop.again())
+        stop.saving = step
+        try:
+            path = ckpt.save(run_dir, step, engines, state, gen, dist.rank, recipe.trainer.keep_checkpoints,
+                             pause=faults.save_pause if faults is not None else None)
+        except KeyboardInterrupt:
+            stop.abandoned = step
+            raise
+        except (OSError, RuntimeError) as err:
+            needed = rd.checkpoint_estimate(engines, recipe.trainer.precision, _last_good(run_dir))
+            e = _storage_error(err, f"checkpoint step {step}", run_dir / ckpt.CKPT_DIR, needed, run_dir,
+                               hint, "the partial save was removed; ")
+            if e is err:
+                raise
+            raise e from None
+        finally:
+            stop.saving = None
+        saved_step[0] = step
         LOG.info("checkpoint saved: %s", path)
 
-    stop = _Stop()
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     faults = Faults.from_env()
     if faults is not None:
@@ -109,12 +179,12 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
     skipped_in_a_row = int(state.get("skipped_in_a_row", 0)) if resume_path is not None else 0
     eval_start = state.get("eval_start") if resume_path is not None else None
     r = recipe
-    if eval_start is None and c.eval_set is not None:
-        eval_start = evaluate(c)
-        LOG.info("eval before training: reward %.3f on %d held-out prompts", eval_start, len(c.eval_set))
     progress = Progress(r.trainer.max_steps, start, enabled=dist.is_main and not quiet and r.logging.console == "rich")
     step, exit_code = start, 0
     try:
+        if eval_start is None and c.eval_set is not None:
+            eval_start = evaluate(c)
+            LOG.info("eval before training: reward %.3f on %d held-out prompts", eval_start, len(c.eval_set))
         for step in range(start + 1, r.trainer.max_steps + 1):
             if faults is not None:
                 faults.step = step
@@ -154,6 +224,26 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
                 save(step)
                 exit_code = EXIT_INTERRUPTED
                 break
+        if exit_code == 0:
+            if step > start:
+                save(step)
+            if stop.signal is not None:
+                LOG.warning("interrupted before the final export: `--resume auto` exports it")
+                exit_code = EXIT_INTERRUPTED
+            else:
+                _finish(c, run_dir, step, fresh=step > start, eval_start=eval_start, hint=hint)
+    except KeyboardInterrupt:
+        progress.close()
+        _abandoned(stop, run_dir, step, hint)
+        return EXIT_INTERRUPTED
+    except OSError as err:  # writing a metrics line or eval.json: a full disk is not a bug
+        where = Path(err.filename) if isinstance(err.filename, str) else run_dir
+        e = err
+        if err.errno not in (errno.EACCES, errno.EPERM) or _inside(where, run_dir):
+            e = _storage_error(err, "the run's files", where, None, run_dir, hint, f"the run stopped at step {step}; ")
+        if e is err:
+            raise
+        raise e from None
     finally:
         progress.close()
         for s, h in old_handlers.items():
@@ -161,34 +251,128 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
         for sink in sinks:
             sink.close()
     if exit_code == EXIT_INTERRUPTED:
-        LOG.warning("interrupted at step %d; resume with: rltune train %s --resume auto", step, recipe_path)
-        return exit_code
-    if exit_code == 0 and start >= r.trainer.max_steps:
-        LOG.info("the run in %s already finished at step %d (trainer.max_steps %d): nothing to do; "
-                 "raise trainer.max_steps to continue, or use --resume never to start over",
-                 run_dir, start, r.trainer.max_steps)
-    elif exit_code == 0:
-        save(step)
-        ckpt.export_hf(c.actor, c.tokenizer, run_dir / "final", dist.rank)
-        if c.eval_set is not None and eval_start is not None:
-            final = evaluate(c)
-            LOG.info("eval reward on %d held-out prompts: before %.3f -> after %.3f", len(c.eval_set),
-                     eval_start, final)
-            if dist.is_main:
-                (run_dir / "eval.json").write_text(json.dumps({"before": eval_start, "after": final}))
-        LOG.info("done: %s (final policy in %s)", run_dir, run_dir / "final")
+        LOG.warning("interrupted at step %d; resume with: %s", step, hint)
     return exit_code
 
 
-def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k in sorted(set(old) | set(new)):
-        a, b = old.get(k), new.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _changed_keys(a, b, prefix + k + ".")
-        elif a != b:
-            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
-    return out
+def _own_directory(run_dir: Path, resume_path: Path | None) -> str | None:
+    """Rank 0: make the directory hold one run only; returns what was moved, for the log."""
+    from . import checkpoint as ckpt
+    from .rundir import fmt_bytes, holds_run, move_aside, move_checkpoints_after, tree_size
+
+    ours = resume_path is not None and resume_path.resolve().parent == (run_dir / ckpt.CKPT_DIR).resolve()
+    if ours:
+        dest = move_checkpoints_after(run_dir, int(resume_path.name[len(ckpt.PREFIX):]), ckpt.CKPT_DIR, ckpt.PREFIX)
+        what = f"checkpoints after {resume_path.name} (broken, or of a continuation that this resume replaces)"
+    elif holds_run(run_dir):
+        dest = move_aside(run_dir)
+        what = "the previous run's files"
+    else:
+        return None
+    if dest is None:
+        return None
+    return (f"{run_dir} held {what}: moved them to {dest} ({fmt_bytes(tree_size(dest))}) so that the runs never "
+            f"mix; delete it when you no longer need it")
+
+
+def _finish(c, run_dir: Path, step: int, fresh: bool, eval_start, hint: str) -> None:
+    """Export final/ and evaluate; on a run that had finished before, do whatever of this a
+    kill left undone (final/ missing or incomplete, eval.json missing)."""
+    from . import checkpoint as ckpt
+    from .loop import evaluate
+
+    final_dir = run_dir / "final"
+    problem = None if fresh else _main_first(c.dist, lambda: ckpt.final_problem(final_dir, step))
+    redo = fresh or bool(broadcast_int(1 if problem else 0))  # every rank takes part in the export
+    if redo:
+        if problem:
+            LOG.warning("the run finished at step %d but its final export %s is not complete (%s): exporting it "
+                        "again from checkpoint step %d", step, final_dir, problem, step)
+        try:
+            ckpt.export_hf(c.actor, c.tokenizer, final_dir, c.dist.rank, step=step)
+        except (OSError, RuntimeError) as err:
+            needed = sum(getattr(p, "ds_numel", p.numel()) * 4 for p in c.actor.module.parameters()) + (1 << 20)
+            e = _storage_error(err, "the final policy", run_dir, needed, run_dir, hint,
+                               "the partial export was removed; ", finished=True)
+            if e is err:
+                raise
+            raise e from None
+    need_eval = c.eval_set is not None and eval_start is not None and (fresh or not (run_dir / "eval.json").exists())
+    if need_eval:
+        final = evaluate(c)
+        LOG.info("eval reward on %d held-out prompts: before %.3f -> after %.3f", len(c.eval_set),
+                 eval_start, final)
+        if c.dist.is_main:
+            (run_dir / "eval.json").write_text(json.dumps({"before": eval_start, "after": final}))
+    if not redo and not need_eval:
+        LOG.info("the run in %s already finished at step %d (trainer.max_steps %d): nothing to do; "
+                 "raise trainer.max_steps to continue, or use --resume never to start over",
+                 run_dir, step, c.recipe.trainer.max_steps)
+    else:
+        LOG.info("done: %s (final policy in %s)", run_dir, final_dir)
+
+
+def _last_good(run_dir: Path) -> Path | None:
+    from . import checkpoint as ckpt
+
+    quiet = logging.getLogger("rltune.quiet")
+    quiet.disabled = True
+    return ckpt.find_resumable(run_dir, quiet)
+
+
+def _abandoned(stop: _Stop, run_dir: Path, step: int, hint: str) -> None:
+    """A second Ctrl-C: say what was abandoned and what a resume will continue from."""
+    name = signal.Signals(stop.signal).name if stop.signal is not None else "SIGINT"
+    last = _last_good(run_dir)
+    if stop.abandoned is not None and last is not None and last.name.endswith(f"{stop.abandoned:08d}"):
+        what = f"second {name}: the save of checkpoint step {stop.abandoned} had already completed"
+    elif stop.abandoned is not None:
+        what = f"second {name}: the save of checkpoint step {stop.abandoned} was abandoned (its partial files removed)"
+    else:
+        what = f"second {name}: stopped at once, without saving"
+    then = (f"a resume continues from the last complete checkpoint, {last} (step {int(last.name.split('-')[-1])})"
+            if last is not None else "there is no complete checkpoint: a resume starts a new run")
+    LOG.warning("%s; %s", what, then)
+    LOG.warning("resume with: %s", hint)
+
+
+def _storage_error(err: BaseException, what: str, where: Path, needed, run_dir: Path, hint: str, prefix: str,
+                   finished: bool = False) -> BaseException:
+    """A TrainError naming the path, the space needed and the fix for a storage failure; the
+    original exception for anything else (a real bug stays visible)."""
+    from .rundir import storage_message, storage_problem
+
+    problem = storage_problem(err, where, needed)
+    if problem is None:
+        return err
+    last = _last_good(run_dir)
+    if finished:
+        kept = f"{prefix}checkpoint {last} is complete: `--resume auto` exports final/ from it"
+    elif last is not None:
+        kept = f"{prefix}checkpoint {last} is intact and a resume continues from it"
+    else:
+        kept = f"{prefix}there is no complete checkpoint yet: a resume starts the run over"
+    return TrainError(storage_message(what, where, problem, needed, kept, hint))
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(root.resolve())
+    except OSError:
+        return False
+
+
+def _write(path: Path, text: str, hint: str) -> None:
+    from .rundir import storage_message, storage_problem
+
+    try:
+        path.write_text(text)
+    except OSError as err:
+        problem = storage_problem(err, path)
+        if problem is None:
+            raise
+        raise TrainError(storage_message(str(path.name), path.parent, problem, None, "nothing was trained yet",
+                                         hint)) from None
 
 
 def _warn_overflow(m: dict, step: int) -> None:

@@ -13,7 +13,7 @@ from ..engine.distributed import DistInfo
 from ..errors import UserError
 from ..recipe.schema import Recipe
 from .console import LOG
-from .prompts import uses_chat_template
+from .prompts import truncation_warning, uses_chat_template
 
 if TYPE_CHECKING:  # types only: building them imports torch, transformers and deepspeed
     from deepspeed import DeepSpeedEngine
@@ -103,6 +103,11 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = N
                                 digits=d.builtin_digits, seed=seed, split="eval", chat=chat)
     if eval_set is not None and len(eval_set) > d.eval_size:
         eval_set = PromptSet(eval_set.rows[:d.eval_size], eval_set.prompt_key, eval_set.source)
+    if dist.rank == 0:  # prompts longer than data.max_prompt_length: one warning per set, with the count
+        for key, prompt_set in (("data.train", train_set), ("data.eval", eval_set if d.eval else None)):
+            warning = prompt_set and truncation_warning(prompt_set.rows, tokenizer, d, prompt_set.prompt_key, key)
+            if warning:
+                LOG.warning(warning)
     _check_meshes(recipe, dist)
     prompts_per_call = max(1, recipe.rollout.batch_size // recipe.algorithm.group_size // dist.world_size)
     try:

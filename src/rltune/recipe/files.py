@@ -1,0 +1,155 @@
+"""What `rltune validate` checks beyond the schema and the playbook: the files and builtins a
+recipe names exist, and its data files can be read (the checks `train` makes when it loads them,
+so that a missing or broken file shows up before a GPU is booked).
+
+Looked up exactly as `train` does: data files as given (absolute, or relative to the current
+directory), then relative to the recipe's directory; `path.py:function` reward files the same
+way; model directories as given. Hub ids and `module:function` rewards are not checked (no
+network, no user code runs here). Each problem is a Finding with rule `input` (an error: input
+that cannot be read, exit code 2) at the recipe key that names the file.
+No torch, no pydantic beyond the loaded recipe, no `datasets` import.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Optional
+
+from rltune.recipe.findings import Finding
+
+RULE = "input"
+
+
+def _did_you_mean(name: str, choices) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    return (f"did you mean `builtin:{close[0]}`? " if close else "") + "available: " + ", ".join(
+        f"builtin:{c}" for c in choices)
+
+
+def _looked(spec: str, base_dir: Optional[Path]) -> str:
+    """ (looked in CWD and RECIPE_DIR)" for a relative path; "" for an absolute one."""
+    if Path(spec).expanduser().is_absolute():
+        return ""
+    dirs = [Path.cwd().resolve()]
+    if base_dir is not None and Path(base_dir).resolve() not in dirs:
+        dirs.append(Path(base_dir).resolve())
+    return f" (looked in {' and '.join(map(str, dirs))})"
+
+
+def model_problem(spec: str) -> Optional[tuple]:
+    """(problem, fix) for a model spec train could not resolve; None when it can (or it is a hub id)."""
+    from rltune.data.datasets import missing_file_reason
+    from rltune.models.common import BUILTINS
+
+    if spec.startswith("builtin:"):
+        name = spec.split(":", 1)[1]
+        if name not in BUILTINS:
+            return f"unknown builtin model `{spec}`", _did_you_mean(name, BUILTINS)
+        return None
+    p = Path(spec).expanduser()
+    if p.exists():
+        if not (p / "config.json").exists():
+            kind = "directory" if p.is_dir() else "file"
+            return (f"model {kind} `{spec}` has no config.json",
+                    "point to a directory written by save_pretrained (config.json and the weights), "
+                    "a hub id, or builtin:tiny-llama")
+        return None
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or p.is_symlink():
+        return (f"model path `{spec}` {missing_file_reason(p)} (read from the current directory {os.getcwd()})",
+                "check the path: a local model is a directory written by save_pretrained; "
+                "a hub id looks like `Qwen/Qwen2.5-0.5B-Instruct`")
+    return None  # a hub id: train downloads it (or says clearly that it cannot)
+
+
+def data_problem(spec: str, prompt_key: str, base_dir: Optional[Path], key: str) -> Optional[tuple]:
+    from rltune.data.datasets import (BUILTIN_TASKS, FORMATS, SCAN_BYTES, DataError, missing_file_reason,
+                                      read_rows, resolve_data_path)
+
+    if spec.startswith("builtin:"):
+        name = spec.split(":", 1)[1]
+        if name not in BUILTIN_TASKS:
+            return f"unknown builtin data `{spec}`", _did_you_mean(name, BUILTIN_TASKS)
+        return None
+    path = resolve_data_path(spec, base_dir)
+    if path is None:
+        return (f"data file `{spec}` not found{_looked(spec, base_dir)}",
+                f"check {key}: a relative path is read from the current directory, then from the recipe's "
+                f"directory; the formats are {', '.join(FORMATS)} (or builtin:arithmetic). "
+                "`rltune validate --skip-files` lints a recipe whose files are elsewhere")
+    if not path.exists():
+        return f"data file `{spec}` {missing_file_reason(path)}", f"point {key} at the real file"
+    if path.is_dir():
+        return f"`{spec}` is a directory, not a data file", "give a " + ", ".join(FORMATS) + " file"
+    try:
+        read_rows(path, spec, prompt_key, max_bytes=SCAN_BYTES)
+    except DataError as e:
+        return e.problem, e.fix or ""
+    return None
+
+
+def reward_problem(spec: str, base_dir: Optional[Path]) -> Optional[tuple]:
+    from rltune.data.datasets import missing_file_reason
+    from rltune.reward.builtins import BUILTIN_REWARDS
+
+    if spec.startswith("builtin:"):
+        name = spec.split(":", 1)[1]
+        if name not in BUILTIN_REWARDS:
+            return f"unknown builtin reward `{spec}`", _did_you_mean(name, BUILTIN_REWARDS)
+        return None
+    target, _, func = spec.rpartition(":")
+    if not target or not func:
+        return (f"reward function `{spec}` is not builtin:NAME, module:function or path/to/file.py:function",
+                "name the function after a colon, e.g. `rewards.py:score` or `my_pkg.rewards:score`")
+    if not target.endswith(".py"):
+        return None  # module:function: importing it would run user code; train imports it
+    p = Path(target).expanduser()
+    if not p.is_absolute() and base_dir is not None and not p.exists():
+        p = Path(base_dir) / p
+    if not p.exists():
+        return (f"reward file `{target}` " + (missing_file_reason(p) if p.is_symlink() else "not found"
+                                              + _looked(target, base_dir)),
+                "check the path: a relative path is read from the current directory, then from the recipe's directory")
+    if p.is_dir():
+        return f"reward file `{target}` is a directory", "name a .py file and a function in it: `path/to/rewards.py:score`"
+    return None
+
+
+def check_files(res) -> list[Finding]:
+    """Findings (rule `input`, errors) for the files and builtins a loaded, valid recipe names."""
+    r = res.recipe
+    if r is None:
+        return []
+    base = res.base_dir
+    out: list[Finding] = []
+
+    def add(path: str, problem: tuple) -> None:
+        message, fix = problem
+        file, line, col = res.where(path)
+        ov = res.override_for(path)
+        if ov:
+            message += f" (from the override `{ov}`)"
+        out.append(Finding(file=file, line=line, column=col, rule=RULE, severity="error", path=path,
+                           message=f"{path}: {message}", fix=fix))
+
+    needs_reference = r.algorithm.kl.coef > 0 or r.algorithm.kl.target is not None or r.autotune.enabled
+    models = [("model.policy", r.model.policy), ("model.tokenizer", r.model.tokenizer),
+              ("model.critic", r.model.critic if r.has_critic else None),
+              ("model.reference", r.model.reference if needs_reference else None),
+              ("reward.model", r.reward.model)]
+    for key, spec in models:
+        if spec:
+            p = model_problem(spec)
+            if p:
+                add(key, p)
+    for key, spec in (("data.train", r.data.train), ("data.eval", r.data.eval)):
+        if spec:
+            p = data_problem(spec, r.data.prompt_key, base, key)
+            if p:
+                add(key, p)
+    for i, spec in enumerate(r.reward.functions):
+        p = reward_problem(spec, base)
+        if p:
+            add(f"reward.functions.{i}", p)
+    return out

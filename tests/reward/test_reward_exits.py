@@ -1,0 +1,200 @@
+"""Reward functions that end the process (issue 11, item 7): `sys.exit` is caught and named;
+`reward.isolate: true` runs user functions in a worker, so `os._exit`, a segfault or a hang
+becomes a RewardError naming the function and the sample (or a score of 0 with
+`reward.on_error: zero`). Ctrl-C still interrupts."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from rltune.recipe.schema import RewardCfg
+from rltune.reward import RewardComputer, RewardError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+
+REWARDS = '''
+import os, signal, sys, time
+
+def bye(prompts, completions, **kw):
+    if any(p.startswith("b") for p in prompts):
+        sys.exit(3)
+    return [1.0] * len(prompts)
+
+def hard_exit(prompts, completions, **kw):
+    if any(p.startswith("b") for p in prompts):
+        os._exit(1)
+    return [1.0] * len(prompts)
+
+def segfault(prompts, completions, **kw):
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+def slow(prompts, completions, **kw):
+    if any(p.startswith("b") for p in prompts):
+        time.sleep(60)
+    return [0.5] * len(prompts)
+
+def interrupt(prompts, completions, **kw):
+    raise KeyboardInterrupt
+
+def boom(prompts, completions, **kw):
+    if any(p.startswith("b") for p in prompts):
+        raise ValueError("cannot score this one")
+    return [1.0] * len(prompts)
+
+def echo(prompts, completions, answer=None, **kw):
+    return [float(a) for a in answer]
+
+def pid(prompts, completions, **kw):
+    return [float(os.getpid())] * len(prompts)
+'''
+
+PROMPTS = ["a1", "b2", "a3"]
+COMPLETIONS = ["x", "y", "z"]
+COLUMNS = {"answer": ["1", "2", "3"]}
+
+
+@pytest.fixture
+def rewards(tmp_path):
+    (tmp_path / "rew.py").write_text(REWARDS)
+
+    def make(name, **cfg):
+        return RewardComputer(RewardCfg(functions=[f"{tmp_path / 'rew.py'}:{name}"], **cfg),
+                              log=logging.getLogger("rltune"))
+    made = []
+    yield lambda name, **cfg: made.append(make(name, **cfg)) or made[-1]
+    for rc in made:
+        rc.close()
+
+
+def score(rc, prompts=PROMPTS):
+    return rc(prompts, COMPLETIONS[:len(prompts)], {k: v[:len(prompts)] for k, v in COLUMNS.items()}).scores
+
+
+def test_sys_exit_is_a_reward_error_naming_function_and_sample(rewards):
+    rc = rewards("bye")
+    with pytest.raises(RewardError) as err:
+        score(rc)
+    msg = str(err.value)
+    assert "rew.py:bye called sys.exit(3)" in msg and "sample 1 (prompt 'b2')" in msg, msg
+    assert "fix:" in msg and "reward.on_error: zero" in msg
+
+
+def test_sys_exit_with_on_error_zero_scores_zero(rewards, caplog):
+    rc = rewards("bye", on_error="zero")
+    assert score(rc) == [0.0, 0.0, 0.0]
+    assert "called sys.exit(3)" in caplog.text and "scored 0" in caplog.text
+
+
+def test_sys_exit_while_importing_the_reward_file(tmp_path):
+    (tmp_path / "bad.py").write_text("import sys\nsys.exit(2)\n")
+    with pytest.raises(RewardError, match=r"importing reward file .*bad.py called sys.exit\(2\)"):
+        RewardComputer(RewardCfg(functions=[f"{tmp_path / 'bad.py'}:f"]))
+
+
+def test_ctrl_c_still_interrupts(rewards):
+    with pytest.raises(KeyboardInterrupt):
+        score(rewards("interrupt"))
+
+
+def test_isolated_function_scores_in_a_worker(rewards):
+    import os
+
+    rc = rewards("echo", isolate=True)
+    assert score(rc) == [1.0, 2.0, 3.0]               # data columns reach the worker
+    assert score(rewards("pid", isolate=True))[0] != os.getpid()
+    builtin = RewardComputer(RewardCfg(functions=["builtin:format"], isolate=True))
+    assert not hasattr(builtin.functions[0][1], "close")   # builtins run in process
+
+
+def test_isolated_os_exit_is_named_then_the_worker_restarts(rewards, caplog):
+    rc = rewards("hard_exit", isolate=True)
+    with pytest.raises(RewardError) as err:
+        score(rc)
+    msg = str(err.value)
+    assert "rew.py:hard_exit exited with code 1 while scoring sample 1 (prompt 'b2')" in msg, msg
+    assert "fix:" in msg and "reward.on_error: zero" in msg
+    assert score(rc, ["a1"]) == [1.0]                 # a fresh worker takes the next call
+    rc = rewards("hard_exit", isolate=True, on_error="zero")
+    assert score(rc) == [0.0, 0.0, 0.0] and "exited with code 1" in caplog.text
+    assert score(rc, ["a1", "a3"]) == [1.0, 1.0]
+
+
+def test_isolated_segfault_and_sys_exit_and_exception(rewards):
+    with pytest.raises(RewardError, match=r"segfault was killed by signal SIGSEGV while scoring sample 0"):
+        score(rewards("segfault", isolate=True))
+    with pytest.raises(RewardError, match=r"bye called sys.exit\(3\) while scoring sample 1"):
+        score(rewards("bye", isolate=True))
+    with pytest.raises(RewardError, match=r"boom raised ValueError: cannot score this one on sample 1"):
+        score(rewards("boom", isolate=True))
+
+
+def test_isolated_timeout(rewards):
+    rc = rewards("slow", isolate=True, timeout=1.5)
+    with pytest.raises(RewardError) as err:
+        score(rc)
+    msg = str(err.value)
+    assert "rew.py:slow timed out after 1.5 s (reward.timeout) while scoring sample 1 (prompt 'b2')" in msg, msg
+    assert "raise reward.timeout" in msg
+
+
+def test_ctrl_c_interrupts_an_isolated_call_and_stops_its_worker(rewards):
+    import signal
+    import time
+
+    rc = rewards("slow", isolate=True, timeout=30)
+    worker = rc.functions[0][1]
+    proc = worker._proc
+
+    def ctrl_c(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, ctrl_c)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            score(rc)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.monotonic() - t0 < 10
+    proc.join(5)
+    assert not proc.is_alive()                         # the busy worker was stopped
+    assert score(rc, ["a1"]) == [0.5]                  # and the next call gets a fresh one
+
+
+def test_isolated_load_errors_surface_at_start(tmp_path):
+    (tmp_path / "dies.py").write_text("import os\nos._exit(4)\n")
+    with pytest.raises(RewardError, match=r"dies.py:f \(reward.isolate\) exited with code 4 while its worker loaded it"):
+        RewardComputer(RewardCfg(functions=[f"{tmp_path / 'dies.py'}:f"], isolate=True))
+    with pytest.raises(RewardError, match=r"reward file .*missing.py does not exist"):
+        RewardComputer(RewardCfg(functions=[f"{tmp_path / 'missing.py'}:f"], isolate=True))
+
+
+# -- through the trainer: the run ends with the message, exit 1, no traceback
+
+def _train(capfd, tmp_path, fn, **reward):
+    from trainlib import run_inproc, tiny_recipe
+
+    (tmp_path / "rew.py").write_text(REWARDS.replace('p.startswith("b")', "True"))
+    path = tiny_recipe(tmp_path, reward={"functions": [f"{tmp_path / 'rew.py'}:{fn}"], **reward},
+                       trainer__max_steps=1, trainer__eval_every=0)
+    return run_inproc(capfd, "train", path)
+
+
+def test_train_with_a_reward_that_calls_sys_exit(capfd, tmp_path):
+    res = _train(capfd, tmp_path, "bye")
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "rew.py:bye called sys.exit(3) while scoring sample 0" in res.stderr, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+
+
+def test_train_with_an_isolated_reward_that_calls_os_exit(capfd, tmp_path):
+    res = _train(capfd, tmp_path, "hard_exit", isolate=True)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "rew.py:hard_exit exited with code 1 while scoring sample 0" in res.stderr, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr

@@ -1,0 +1,391 @@
+"""The run directory as a contract (issue 11): one run per directory (a lock; an old run moved
+aside, never mixed), changed recipe keys take effect or are refused, final/ is atomic and
+re-exported when a kill lost it, every checkpoint broken is refused, storage failures and a
+second Ctrl-C are named, the resume hint is the full command."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from trainlib import ROOT, cli_env, read_metrics, run_inproc, tiny_recipe
+
+# tiny PPO, a checkpoint every step, linear LR decay (so the schedule factor is visible)
+BASE = dict(trainer__max_steps=2, trainer__save_every=1, trainer__keep_checkpoints=3, trainer__seed=5,
+            trainer__eval_every=0, actor__lr_schedule="linear", actor__min_lr_ratio=0.5,
+            critic__lr_schedule="linear", critic__min_lr_ratio=0.5)
+
+
+def _quiet_main(*args) -> int:
+    from rltune.cli import main
+
+    try:
+        main([str(a) for a in args])
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    finally:
+        logging.getLogger("rltune").handlers.clear()
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A finished 2-step PPO run: checkpoints step 1 and 2, final/."""
+    tmp = tmp_path_factory.mktemp("finished")
+    path = tiny_recipe(tmp, "tiny-ppo.yaml", **BASE)
+    assert _quiet_main("train", path) == 0
+    return tmp / "run"
+
+
+def _copy(finished: Path, tmp_path: Path, **overrides) -> tuple[Path, Path]:
+    """A copy of the finished run (another output_dir) and its recipe."""
+    shutil.copytree(finished, tmp_path / "run")
+    return tiny_recipe(tmp_path, "tiny-ppo.yaml", **(BASE | overrides)), tmp_path / "run"
+
+
+def _ckpts(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+
+# ------------------------------------------------------------------ recipe changes on resume
+
+
+def test_allow_recipe_change_takes_effect(finished, tmp_path, capfd):
+    from rltune.engine.roles import lr_factor
+
+    path, run_dir = _copy(finished, tmp_path)
+    res = run_inproc(capfd, "train", path, "trainer.max_steps=4", "actor.lr=0.015", "critic.lr=0.045",
+                     "algorithm.kl.coef=0.05", "algorithm.clip_range=0.15", "algorithm.entropy_coef=0.001",
+                     "--allow-recipe-change")
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = {x["step"]: x for x in read_metrics(run_dir)}
+    assert sorted(m) == [1, 2, 3, 4]
+    for step in (3, 4):  # the new base lr times the schedule's factor (linear decay to 0.5 over 4 updates)
+        f = lr_factor(step, 2, 4, "linear", 0.5)
+        assert m[step]["actor/lr"] == pytest.approx(0.015 * f, rel=1e-6), step
+        assert m[step]["critic/lr"] == pytest.approx(0.045 * f, rel=1e-6), step
+        assert m[step]["kl_coef"] == pytest.approx(0.05)
+    knobs = json.loads((run_dir / "checkpoints" / "step-00000004" / "state.json").read_text())["knobs"]
+    assert knobs["clip_range"] == pytest.approx(0.15) and knobs["entropy_coef"] == pytest.approx(0.001)
+    assert knobs["actor_lr"] == pytest.approx(0.015) and knobs["kl_coef"] == pytest.approx(0.05)
+    assert "taking effect now" in res.stderr and "actor.lr: 0.01 -> 0.015" in res.stderr
+
+
+def test_keys_fixed_for_a_run_are_refused_even_with_the_flag(finished, tmp_path, capfd):
+    path, run_dir = _copy(finished, tmp_path)
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    res = run_inproc(capfd, "train", path, "trainer.max_steps=3", "trainer.seed=6", "--allow-recipe-change")
+    assert res.returncode == 1
+    assert "cannot change on resume" in res.stderr and "trainer.seed: 5 -> 6" in res.stderr
+    assert "--resume never" in res.stderr and "Traceback" not in res.stderr
+    assert (run_dir / "metrics.jsonl").read_bytes() == before
+
+
+def test_copied_run_dir_raising_max_steps_is_not_a_change(finished, tmp_path, capfd):
+    path, run_dir = _copy(finished, tmp_path)  # trainer.output_dir differs from the checkpoint's
+    res = run_inproc(capfd, "train", path, "trainer.max_steps=3")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "changed" not in res.stderr and "max_steps" not in res.stderr.split("resumed from")[0]
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2, 3]
+
+
+def test_recipe_change_classification():
+    from rltune.train.resume import FIXED, check_changes, recipe_changes
+    from rltune.train.setup import TrainError
+
+    old = {"trainer": {"max_steps": 2, "output_dir": "a", "seed": 1}, "actor": {"lr": 0.1}, "logging": {"x": 1}}
+    new = {"trainer": {"max_steps": 9, "output_dir": "b", "seed": 1, "new_key": None}, "actor": {"lr": 0.1},
+           "logging": {"x": 2}}
+    assert recipe_changes(old, new) == []          # bookkeeping and keys new to the schema are no change
+    changes = recipe_changes(old, {**new, "actor": {"lr": 0.2}})
+    assert [str(c) for c in changes] == ["actor.lr: 0.1 -> 0.2"]
+    check_changes(changes, True, Path("step-1"), Path("run"))
+    with pytest.raises(TrainError, match="--allow-recipe-change"):
+        check_changes(changes, False, Path("step-1"), Path("run"))
+    for key in ("model.policy", "algorithm.name", "algorithm.group_size", "train.batch_size", "actor.zero_stage",
+                "trainer.precision", "trainer.nproc", "trainer.seed"):
+        assert key in FIXED
+
+
+# ------------------------------------------------------------------ one run per directory
+
+
+def test_resume_never_moves_the_old_run_aside(finished, tmp_path, capfd):
+    path, run_dir = _copy(finished, tmp_path)
+    res = run_inproc(capfd, "train", path, "trainer.max_steps=1", "--resume", "never")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "moved them to" in res.stderr and str(run_dir / "previous") in res.stderr
+    assert _ckpts(run_dir) == ["step-00000001"]            # only the new run's
+    old = next((run_dir / "previous").iterdir())
+    assert sorted(p.name for p in (old / "checkpoints").iterdir()) == ["step-00000001", "step-00000002"]
+    assert [m["step"] for m in read_metrics(old)] == [1, 2] and (old / "final").is_dir()
+    assert [m["step"] for m in read_metrics(run_dir)] == [1]
+    # the next --resume auto continues the new run, not the old one's higher step
+    res = run_inproc(capfd, "train", path, "trainer.max_steps=2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resumed from" in res.stderr and "step-00000001 at step 1" in res.stderr
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2]
+
+
+def test_resume_from_an_earlier_checkpoint_moves_the_later_ones_aside(finished, tmp_path, capfd):
+    path, run_dir = _copy(finished, tmp_path)
+    res = run_inproc(capfd, "train", path, "--resume", run_dir / "checkpoints" / "step-00000001")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "checkpoints after step-00000001" in res.stderr
+    old = next((run_dir / "previous").iterdir())
+    assert (old / "checkpoints" / "step-00000002").is_dir() and (old / "final").is_dir()
+    assert _ckpts(run_dir) == ["step-00000001", "step-00000002"] and (run_dir / "final" / "manifest.json").exists()
+
+
+def test_every_checkpoint_corrupt_is_refused_and_history_kept(finished, tmp_path, capfd):
+    path, run_dir = _copy(finished, tmp_path)
+    for ck in (run_dir / "checkpoints").iterdir():
+        victim = max(ck.rglob("*.pt"), key=lambda p: p.stat().st_size)
+        victim.write_bytes(victim.read_bytes()[:100])
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    res = run_inproc(capfd, "train", path, "trainer.max_steps=3")
+    assert res.returncode == 1
+    assert "no usable checkpoint" in res.stderr and "--resume never" in res.stderr and "Traceback" not in res.stderr
+    assert (run_dir / "metrics.jsonl").read_bytes() == before
+    assert _ckpts(run_dir) == ["step-00000001", "step-00000002"] and not (run_dir / "previous").exists()
+
+
+def _start(path: Path, *extra, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rltune", "train", str(path), *map(str, extra)],
+                            env=env or cli_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(cond, proc: subprocess.Popen, timeout: float = 300) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if cond():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {proc.stderr.read()[-3000:]}")
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_second_run_into_the_same_directory_is_refused(tmp_path, capfd):
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", trainer__max_steps=500, trainer__save_every=1,
+                       trainer__eval_every=0)
+    run_dir = tmp_path / "run"
+    proc = _start(path)
+    try:
+        _wait_for(lambda: (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text(), proc)
+        res = run_inproc(capfd, "train", path, "--resume", "never")
+        assert res.returncode == 1
+        assert "in use by another rltune run" in res.stderr and f"pid {proc.pid} " in res.stderr
+        assert "fix:" in res.stderr and "Traceback" not in res.stderr
+        assert not (run_dir / "previous").exists()  # the running run's files were left alone
+    finally:
+        proc.kill()
+        proc.communicate()
+    # the killed run's lock is stale: taken over with a warning
+    res = run_inproc(capfd, "train", path, "trainer.max_steps=1")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "taking over the lock" in res.stderr and f"pid {proc.pid} " in res.stderr
+    assert not (run_dir / ".lock").exists()
+
+
+def test_lock_unit(tmp_path):
+    from rltune.train.rundir import RunLock
+    from rltune.train.setup import TrainError
+
+    first = RunLock(tmp_path)
+    assert first.acquire() is None
+    with pytest.raises(TrainError, match=f"in use by another rltune run \\(pid {os.getpid()} "):
+        RunLock(tmp_path).acquire()
+    first.release()
+    assert not (tmp_path / ".lock").exists()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / ".lock").write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename}))
+    lock = RunLock(tmp_path)
+    assert f"left by pid {dead.pid}" in lock.acquire()
+    lock.release()
+    (tmp_path / ".lock").write_text(json.dumps({"pid": 1, "host": "elsewhere"}))
+    with pytest.raises(TrainError, match="delete .*\\.lock"):
+        RunLock(tmp_path).acquire()
+
+
+# ------------------------------------------------------------------ final/ is atomic and resumable
+
+
+def test_final_export_lost_to_a_kill_is_exported_again(finished, tmp_path, capfd):
+    path, run_dir = _copy(finished, tmp_path)
+    # SIGKILL while final/ was written: no final/, a partial final.tmp/
+    shutil.rmtree(run_dir / "final")
+    (run_dir / "final.tmp").mkdir()
+    (run_dir / "final.tmp" / "model.safetensors").write_bytes(b"\0" * 100)
+    res = run_inproc(capfd, "train", path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (run_dir / "final" / "model.safetensors").exists(), res.stderr[-2000:]
+    assert "final export" in res.stderr and "exporting it again" in res.stderr
+    from rltune.train.checkpoint import final_problem, verify
+
+    assert final_problem(run_dir / "final", 2) is None and not (run_dir / "final.tmp").exists()
+    # a final/ with a truncated file is not complete either
+    model = run_dir / "final" / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:1000])
+    assert "truncated" in verify(run_dir / "final")
+    res = run_inproc(capfd, "train", path)
+    assert res.returncode == 0 and "exporting it again" in res.stderr
+    assert final_problem(run_dir / "final", 2) is None
+    res = run_inproc(capfd, "train", path)
+    assert res.returncode == 0 and "nothing to do" in res.stderr
+
+
+# ------------------------------------------------------------------ storage failures
+
+
+@contextmanager
+def _tmpfs(where: Path, options: str):
+    where.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (chmod does not stop root)")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_disk_full_names_path_and_space_and_keeps_the_previous_checkpoint(finished, tmp_path, capfd):
+    from rltune.train.checkpoint import verify
+
+    manifest = json.loads((finished / "checkpoints" / "step-00000001" / "manifest.json").read_text())
+    size = sum(f["size"] for f in manifest["files"].values())
+    run_dir = tmp_path / "run"
+    with _tmpfs(run_dir, f"size={int(size * 1.6) // 1024}k"):  # room for one checkpoint, not two
+        path = tiny_recipe(tmp_path, "tiny-ppo.yaml", **BASE)
+        res = run_inproc(capfd, "train", path)
+        assert res.returncode == 1
+        assert "no space left on device" in res.stderr and f"{run_dir / 'checkpoints'}" in res.stderr
+        assert "needed" in res.stderr and "free there" in res.stderr and "fix: free at least" in res.stderr
+        assert "step-00000001 is intact" in res.stderr and "rltune train" in res.stderr
+        assert "probably a bug" not in res.stderr and "Traceback" not in res.stderr
+        assert _ckpts(run_dir) == ["step-00000001"] and verify(run_dir / "checkpoints" / "step-00000001") is None
+
+
+def test_read_only_run_dir_is_named(tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    with _tmpfs(run_dir, "ro,size=64k"):
+        path = tiny_recipe(tmp_path, "tiny-grpo.yaml", trainer__max_steps=1)
+        res = run_inproc(capfd, "train", path)
+    assert res.returncode == 1
+    assert f"cannot write to the run directory {run_dir}: read-only file system" in res.stderr
+    assert "fix:" in res.stderr and "probably a bug" not in res.stderr and "Traceback" not in res.stderr
+
+
+def test_read_only_during_a_save_keeps_the_previous_checkpoint(tmp_path, capfd, monkeypatch):
+    from rltune.train import checkpoint as ckpt
+
+    calls = []
+    real = ckpt.rng_state
+
+    def failing(gen):
+        calls.append(1)
+        if len(calls) == 2:  # the second checkpoint: the disk went read-only meanwhile
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real(gen)
+
+    monkeypatch.setattr(ckpt, "rng_state", failing)
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", trainer__max_steps=2, trainer__save_every=1, trainer__eval_every=0)
+    res = run_inproc(capfd, "train", path)
+    run_dir = tmp_path / "run"
+    assert res.returncode == 1
+    assert f"could not write checkpoint step 2 to {run_dir / 'checkpoints'}: read-only file system" in res.stderr
+    assert "step-00000001 is intact" in res.stderr and "fix: make" in res.stderr
+    assert "probably a bug" not in res.stderr
+    assert _ckpts(run_dir) == ["step-00000001"] and ckpt.verify(run_dir / "checkpoints" / "step-00000001") is None
+
+
+def test_storage_problem_classification(tmp_path):
+    from rltune.train.rundir import storage_problem
+
+    assert storage_problem(OSError(errno.ENOSPC, "x"), tmp_path) == "no space left on device"
+    assert storage_problem(OSError(errno.EROFS, "x"), tmp_path) == "read-only file system"
+    zip_err = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 512 vs 400")
+    assert storage_problem(zip_err, tmp_path, needed=1 << 60) == "no space left on device"
+    assert storage_problem(RuntimeError("shape mismatch"), tmp_path) is None
+    assert storage_problem(OSError(errno.ENOENT, "x"), tmp_path) is None
+
+
+# ------------------------------------------------------------------ Ctrl-C twice, the resume hint
+
+
+def test_second_ctrl_c_abandons_the_save_and_the_hint_resumes_the_same_run(tmp_path, capfd):
+    run_dir = tmp_path / "my run"  # a space: the hint must quote it
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", trainer__max_steps=50, trainer__save_every=1, trainer__eval_every=0)
+    proc = _start(path, f"trainer.output_dir={run_dir}", "trainer.keep_checkpoints=5",
+                  env=cli_env(RLTUNE_FAULTS="slow_save@2"))
+    partial = run_dir / "checkpoints" / ".tmp-step-00000002"
+    _wait_for(lambda: (partial / "rng-rank0.pt").exists(), proc)  # inside the save of step 2
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "press Ctrl-C again to abort the save" in err
+    assert "the save of checkpoint step 2 was abandoned" in err
+    assert "a resume continues from the last complete checkpoint" in err and "step-00000001 (step 1)" in err
+    assert "Traceback" not in err
+    assert _ckpts(run_dir) == ["step-00000001"]  # the partial temp dir is gone
+    hint = err.split("resume with: ")[-1].splitlines()[0]
+    args = shlex.split(hint)
+    assert args[:3] == ["rltune", "train", str(path)]
+    assert f"trainer.output_dir={run_dir}" in args and "trainer.keep_checkpoints=5" in args
+    assert args[-2:] == ["--resume", "auto"]
+    res = run_inproc(capfd, *args[1:], "trainer.max_steps=2")  # the hint continues the same run
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "step-00000001 at step 1" in res.stderr
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2]
+
+
+def test_resume_hint_quotes_every_argument():
+    from rltune.train.rundir import resume_hint
+
+    hint = resume_hint(["r.yaml", "trainer.output_dir=a b", "--nproc", "2", "--resume", "never",
+                        "--allow-recipe-change"], Path("r.yaml"))
+    assert hint == "rltune train r.yaml 'trainer.output_dir=a b' --nproc 2 --resume auto"
+
+
+# ------------------------------------------------------------------ paths that are not what they seem
+
+
+def test_resume_path_messages(tmp_path):
+    from rltune.train.resume import choose_checkpoint
+    from rltune.train.rundir import prepare
+    from rltune.train.setup import TrainError
+
+    log = logging.getLogger("test")
+    with pytest.raises(TrainError, match="does not exist"):
+        choose_checkpoint(tmp_path, str(tmp_path / "nope"), log)
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(TrainError, match="symlink loop"):
+        choose_checkpoint(tmp_path, str(loop), log)
+    with pytest.raises(TrainError, match="symlink loop"):
+        prepare(loop)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(TrainError, match="is a file"):
+        choose_checkpoint(tmp_path, str(tmp_path / "file"), log)
+    half = tmp_path / "checkpoints" / "step-00000003"
+    half.mkdir(parents=True)
+    with pytest.raises(TrainError, match="did not finish"):
+        choose_checkpoint(tmp_path, str(half), log)
