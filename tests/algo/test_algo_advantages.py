@@ -162,3 +162,13 @@ def test_broadcast_to_tokens():
     torch.testing.assert_close(broadcast_to_tokens(adv, m), torch.tensor([[1.0, 1.0, 0.0], [-2.0, 0.0, 0.0]]))
     with pytest.raises(ValueError):
         broadcast_to_tokens(torch.zeros(3), m)
+
+
+def test_zero_advantage_share_by_hand():
+    from rltune.algo import grpo_advantages, zero_advantage_share
+
+    scores = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.5, 1.0, 0.0, 0.0, 0.0])   # 3 groups of 3
+    assert zero_advantage_share(scores, 3) == pytest.approx(2 / 3)
+    # exactly the groups whose GRPO advantages are all zero
+    adv = grpo_advantages(scores, 3).view(-1, 3)
+    assert [bool((g == 0).all()) for g in adv] == [True, False, True]

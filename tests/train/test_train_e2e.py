@@ -11,7 +11,8 @@ from trainlib import read_metrics, run_inproc
 
 REQUIRED = ["step", "reward/mean", "reward/std", "kl", "kl_coef", "actor/loss", "actor/grad_norm",
             "actor/clipfrac", "actor/entropy", "actor/lr", "response/length_mean", "timing/rollout_s",
-            "timing/train_s", "timing/sync_ms", "throughput/tokens_per_s", "health/skipped_steps"]
+            "timing/train_s", "timing/sync_ms", "throughput/tokens_per_s", "health/skipped_steps",
+            "batch/zero_adv_frac"]
 PPO_REQUIRED = ["critic/loss", "critic/grad_norm", "critic/explained_var", "critic/lr"]
 STEPS = 16
 
@@ -58,3 +59,4 @@ def test_final_policy_loads_and_generates(capfd, recipe_factory, tmp_path):
     ids = tok("3+4=", return_tensors="pt")
     out = model.generate(**ids, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
     assert out.shape[1] > ids["input_ids"].shape[1]
+

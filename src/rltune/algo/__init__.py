@@ -10,6 +10,7 @@ from .advantages import (
     grpo_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
+    zero_advantage_share,
 )
 from .aggregate import (
     AGG_MODES,
@@ -60,4 +61,5 @@ __all__ = [
     "rloo_advantages",
     "rollout_correction_weights",
     "value_loss",
+    "zero_advantage_share",
 ]

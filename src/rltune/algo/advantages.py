@@ -19,6 +19,7 @@ __all__ = [
     "grpo_advantages",
     "reinforce_pp_advantages",
     "rloo_advantages",
+    "zero_advantage_share",
 ]
 
 
@@ -165,6 +166,16 @@ def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, gamma: fl
     ``discounted_returns`` with the statistics of every rank instead.
     """
     return masked_whiten(discounted_returns(rewards, mask, gamma).float(), _bool_mask(mask)).to(rewards.dtype)
+
+
+@torch.no_grad()
+def zero_advantage_share(scores: torch.Tensor, group_size: int) -> float:
+    """Share of prompts whose ``group_size`` samples all scored alike: a group baseline gives
+    them zero advantage, so they teach nothing (DAPO's dynamic sampling filters them).
+    Shapes: ``scores`` ``(B,)`` in consecutive groups -> a float in [0, 1]."""
+    _check_groups(scores, group_size)
+    s = scores.view(-1, group_size)  # (G, n)
+    return float((s == s[:, :1]).all(dim=-1).float().mean())
 
 
 def broadcast_to_tokens(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

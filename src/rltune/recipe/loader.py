@@ -17,7 +17,7 @@ from rltune.recipe import introspect as ins
 from rltune.recipe.findings import Finding
 from rltune.recipe.presets import deep_merge, load_preset_with_locs, unknown_preset
 from rltune.recipe.schema import Recipe
-from rltune.recipe.yamlio import MAX_BYTES, parse_value, parse_yaml, too_big
+from rltune.recipe.yamlio import parse_value, parse_yaml, read_yaml_text
 
 _KEY_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*$")
 
@@ -399,20 +399,7 @@ def load_recipe(path: Union[str, Path], overrides: Iterable[str] = (), extra_pre
         raise RecipeInputError(f"recipe file `{source}` not found", fix="check the path; shipped examples are in recipes/ (e.g. recipes/minimal.yaml)")
     if p.is_dir():
         raise RecipeInputError(f"`{source}` is a directory, not a recipe file", fix="give a .yaml file, e.g. recipes/minimal.yaml")
-    try:
-        size = p.stat().st_size
-        if size > MAX_BYTES:
-            raise too_big(size, source)
-        raw = p.read_bytes()
-    except OSError as e:
-        raise RecipeInputError(f"cannot read `{source}`: {e.strerror or e}", fix="check the file's permissions") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        raise RecipeInputError(f"the recipe is not UTF-8 text (byte 0x{raw[e.start]:02x})", file=source, line=line,
-                               column=col, fix="save the recipe as UTF-8 YAML") from None
+    text = read_yaml_text(p, source)
     return _load(text, source, overrides, extra_presets, base_dir=p.parent)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from rltune.errors import RecipeInputError
-from rltune.recipe.yamlio import MAX_BYTES, parse_yaml, too_big
+from rltune.recipe.yamlio import parse_yaml, read_yaml_text
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 
@@ -52,20 +52,7 @@ def load_preset_with_locs(name: str, base_dir: Optional[Path] = None) -> tuple[d
     """(data, {dotted path: (file, line, col)}, file) of a preset. A preset is one level: it may
     not name other presets (the recipe lists them all, in order), so there are no chains or cycles."""
     path = preset_path(name, base_dir)
-    try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise too_big(size, str(path), "preset")
-        raw = path.read_bytes()
-    except OSError as e:
-        raise RecipeInputError(f"cannot read preset file `{path}`: {e.strerror or e}", fix="check the file's permissions") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        raise RecipeInputError(f"the preset is not UTF-8 text (byte 0x{raw[e.start]:02x})", file=str(path), line=line,
-                               column=col, fix="save the preset as UTF-8 YAML") from None
+    text = read_yaml_text(path, str(path), "preset")
     data, locs = parse_yaml(text, str(path), what="preset")
     if not isinstance(data, dict):
         raise RecipeInputError("a preset must be a mapping of recipe sections", file=str(path), line=1, column=1,

@@ -42,6 +42,26 @@ def too_big(size: int, file: str, what: str = "recipe") -> RecipeInputError:
             "(data.train: path/to/prompts.jsonl), not in the recipe")
 
 
+def read_yaml_text(path, shown: str, what: str = "recipe") -> str:
+    """The text of a recipe or preset file: size-capped before reading, UTF-8 with the line and
+    column of a bad byte. `shown` is how the message names the file."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise too_big(size, shown, what)
+        raw = path.read_bytes()
+    except OSError as e:
+        raise RecipeInputError(f"cannot read {what} file `{shown}`: {e.strerror or e}",
+                               fix="check the file's permissions") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise RecipeInputError(f"the {what} is not UTF-8 text (byte 0x{raw[e.start]:02x})", file=shown, line=line,
+                               column=col, fix=f"save the {what} as UTF-8 YAML") from None
+
+
 def _check_size(text: str, file: str, what: str) -> None:
     if len(text) > MAX_BYTES or (len(text) * 4 > MAX_BYTES and len(text.encode("utf-8", "replace")) > MAX_BYTES):
         raise too_big(len(text.encode("utf-8", "replace")), file, what)

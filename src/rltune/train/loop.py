@@ -37,6 +37,7 @@ from ..algo import (
     kl_in_reward,
     rloo_advantages,
     rollout_correction_weights,
+    zero_advantage_share,
 )
 from ..engine.roles import current_lr, set_lr
 from ..recipe.knobs import Knobs
@@ -265,6 +266,8 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator) -> 
     n_tokens = global_sum([float(mask.sum() + exp.prompt_mask.sum())])[0]
     m = {
         "step": step,
+        # prompts whose samples all scored alike: a group baseline gives them zero advantage
+        "batch/zero_adv_frac": zero_advantage_share(scores, r.algorithm.group_size),
         "reward/mean": float(scores.mean()),
         "reward/std": float(scores.std()) if scores.numel() > 1 else 0.0,
         "kl": pm.pop("kl", 0.0),
