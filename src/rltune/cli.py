@@ -143,11 +143,13 @@ def train(
 
 @app.command()
 def diagnose(
-    run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="A run directory (holds metrics.jsonl)."),
+    run_dir: str = typer.Argument(..., metavar="RUN_DIR",
+                                  help="A run directory (holds metrics.jsonl), or a log file (with --from)."),
     fmt: str = typer.Option("text", "--format", "-f", help="text | json."),
     patch: Optional[str] = typer.Option(None, "--patch", help="Write the recipe with the fixes applied here."),
     maps: Optional[List[str]] = typer.Option(None, "--map", help="OUR_KEY=THEIR_KEY for metrics logged by other tools."),
-    source: Optional[str] = typer.Option(None, "--from", help="trl | verl: their metric names."),
+    source: Optional[str] = typer.Option(
+        None, "--from", help="trl | verl | openrlhf: read that tool's log (JSON lines, trainer_state.json or console)."),
 ) -> None:
     """Read a run's metrics, name what went wrong and what to change (exit 0 healthy, 1 problems)."""
     from rltune.commands.diagnose import run

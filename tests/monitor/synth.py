@@ -29,8 +29,12 @@ def healthy_binary(n: int = 80, seed: int = 0, batch: int = 32) -> list[dict]:
 
 
 def healthy(n: int = 60, seed: int = 0, noise: float = 0.03, ppo: bool = True,
-            r0: float = 0.5, r1: float = 1.5) -> list[dict]:
-    """A run that learns: reward rising with noise, small steady KL, stable grad norms."""
+            r0: float = 0.5, r1: float = 1.5, clipped: bool = False, kl_end: float = 0.09) -> list[dict]:
+    """A run that learns: reward rising with noise, small slowly rising KL, stable grad norms.
+
+    clipped=True: realistic pre-clip grad norms (grad_clip 1.0): the actor's around the clip (about
+    half the steps clipped), the critic's above it on every step; plus the 2026 signals
+    (importance weights of a bf16 rollout engine, zero-advantage groups, clip fraction)."""
     rng = random.Random(seed)
     out = []
     for t in range(1, n + 1):
@@ -40,7 +44,7 @@ def healthy(n: int = 60, seed: int = 0, noise: float = 0.03, ppo: bool = True,
             "step": t,
             "reward/mean": reward,
             "reward/std": 0.4 + rng.gauss(0, 0.02),
-            "kl": max(0.0, 0.01 + 0.08 * frac + rng.gauss(0, 0.005)),
+            "kl": max(0.0, 0.01 + (kl_end - 0.01) * frac + rng.gauss(0, 0.005 + 0.05 * kl_end * frac)),
             "kl_coef": 0.05,
             "actor/loss": rng.gauss(0, 0.05),
             "actor/grad_norm": 0.3 * (1 + rng.gauss(0, 0.15)),
@@ -63,6 +67,16 @@ def healthy(n: int = 60, seed: int = 0, noise: float = 0.03, ppo: bool = True,
                 "critic/explained_var": 0.2 + 0.6 * frac + rng.gauss(0, 0.03),
                 "critic/lr": 3e-6 * min(1.0, t / 10),
             })
+        if clipped:
+            m["actor/grad_norm"] = max(0.05, rng.lognormvariate(0, 0.35))
+            m.update({"rollout/is_weight_mean": 1.0 + rng.gauss(0, 0.002),
+                      "rollout/is_weight_max": 1.0 + abs(rng.gauss(0, 0.8)),
+                      "rollout/is_capped_frac": abs(rng.gauss(0, 0.002)),
+                      "actor/approx_kl": abs(rng.gauss(0.002, 0.001)),
+                      "actor/clipfrac": min(0.25, max(0.0, 0.05 + 0.05 * frac + rng.gauss(0, 0.02))),
+                      "batch/zero_adv_frac": min(0.9, max(0.0, 0.5 - 0.2 * frac + rng.gauss(0, 0.08)))})
+            if ppo:
+                m["critic/grad_norm"] = 2.0 * math.exp(-frac) * max(0.3, 1 + rng.gauss(0, 0.25)) + 1.0
         if t % 10 == 0:
             m["eval/reward"] = reward * (1 + rng.gauss(0, 0.01))
         out.append(m)
@@ -81,10 +95,12 @@ def fault(kind: str, n: int = 60, seed: int = 1) -> tuple[list[dict], int]:
             m["reward/std"] = 0.2
         return tr, 11   # step 10 is the first big (+) deviation, 11 the first (-) one
     if kind == "kl_high":
-        # KL climbs 0.05 -> 0.75 over steps 10-20 (no single jump), then stays high
+        # KL climbs 0.05 -> 0.75 over steps 10-20 (no single jump), then stays high, while the
+        # reward stops improving from step 10: drift that buys nothing
         for m in tr[9:]:
             t = m["step"]
             m["kl"] = min(0.75, 0.05 + 0.07 * (t - 10)) + rng.gauss(0, 0.01)
+            m["reward/mean"] = _trend(10, n) * (1 + rng.gauss(0, 0.02))
         return tr, 22   # above 0.6 from step 18, health.window = 5 steps
     if kind == "kl_spike":
         tr[29]["kl"] = 1.0
@@ -95,9 +111,48 @@ def fault(kind: str, n: int = 60, seed: int = 1) -> tuple[list[dict], int]:
         tr[24]["actor/grad_norm"] = 8.0
         return tr, 25
     if kind == "grad_clip":
+        # actor pre-clip norms above actor.grad_clip (1.0) from step 20 while KL climbs: warning at 24
         for m in tr[19:]:
-            m["actor/grad_norm"] = 1.0
+            t = m["step"]
+            m["actor/grad_norm"] = 1.5 + rng.random()
+            m["kl"] = min(0.5, 0.1 * 1.5 ** (t - 19))
         return tr, 24
+    if kind == "grad_clip_info":
+        # clipped on every step from step 20, nothing else moves: an info at 24 (effective lr lower)
+        for m in tr[19:]:
+            m["actor/grad_norm"] = 1.2 + 0.5 * rng.random()
+        return tr, 24
+    if kind == "grad_clip_critic":
+        # critic pre-clip norms above critic.grad_clip while the critic loss climbs: warning at 24
+        for m in tr[17:]:
+            t = m["step"]
+            m["critic/loss"] = 0.2 * 1.6 ** (t - 17)
+        for m in tr[19:]:
+            m["critic/grad_norm"] = 3.0 + rng.random()
+            m["critic/loss"] = 0.2 * 1.6 ** (t - 17)
+        return tr, 24
+    if kind == "is_weight_extreme":
+        for m in tr:
+            m["rollout/is_weight_max"] = 1.0 + abs(rng.gauss(0, 0.3))
+        for m in tr[19:]:
+            m["rollout/is_weight_max"] = 40 + 10 * rng.random()
+        return tr, 21
+    if kind == "zero_advantage":
+        for m in tr:
+            m["batch/zero_adv_frac"] = 0.3 + rng.gauss(0, 0.05)
+        for m in tr[19:]:
+            m["batch/zero_adv_frac"] = 0.98
+        return tr, 29
+    if kind == "clipfrac_high":
+        for m in tr[19:]:
+            m["actor/clipfrac"] = 0.45 + rng.gauss(0, 0.02)
+        return tr, 24
+    if kind == "logprob_drift":
+        # rollout/trainer mismatch creeping up 0.01 -> 0.048 from step 20 (below the 0.05 tolerance)
+        for m in tr[19:]:
+            t = m["step"]
+            m["rollout/logprob_diff_mean"] = min(0.048, 0.01 + 0.002 * (t - 20))
+        return tr, 37
     if kind == "critic_nan":
         tr[11]["critic/loss"] = float("nan")
         tr[11]["health/skipped_steps"] = 1

@@ -40,10 +40,10 @@ def _err(msg: str) -> int:
 def analyse(run_dir, maps: Sequence[str] = (), source: Optional[str] = None) -> dict:
     """The diagnosis as a dict (what --format json prints), plus private keys for the caller."""
     from rltune.monitor.detectors import Event, HealthMonitor, rank_key, verdict_event
-    from rltune.monitor.runlog import load_recipe, parse_maps, read_events, read_metrics
+    from rltune.monitor.importers import read_log
+    from rltune.monitor.runlog import load_recipe, read_events
 
-    mapping = parse_maps(maps, source)
-    log = read_metrics(run_dir, mapping)
+    log = read_log(run_dir, source, maps)   # rltune's metrics.jsonl, or a trl/verl/openrlhf log
     recipe, raw, rnotes = load_recipe(run_dir, log)
     mon = HealthMonitor(recipe, run_dir=None, enabled=True, write=False)
     events: list[Event] = []
@@ -187,7 +187,7 @@ def _print_text(d: dict) -> None:
 
 def run(run_dir, fmt: str = "text", patch=None, maps: Sequence[str] = (), source: Optional[str] = None) -> int:
     """Entry point for `rltune diagnose RUN_DIR [--format text|json] [--patch OUT.yaml]
-    [--map OUR=THEIRS ...] [--from trl|verl]`; returns the exit code."""
+    [--map OUR=THEIRS ...] [--from trl|verl|openrlhf]`; returns the exit code."""
     from rltune.monitor.runlog import RunLogError
 
     if fmt not in ("text", "json"):

@@ -142,19 +142,36 @@ def for_kl_high(r, kl_value: float, reward_creeping: bool = False) -> Advice:
     return c, l
 
 
+def lower_critic_lr(r, why: str = "") -> Advice:
+    """Halve critic.lr, not below 1.5 x actor.lr (the critic stays the faster learner); keep actor.lr."""
+    lr, a = r.critic.lr, r.actor.lr
+    new = r3(max(a * 1.5, lr * 0.5))
+    tail = f" ({why})" if why else ""
+    if new >= lr:
+        return {}, [f"critic.lr {fmt(lr)} is already close to actor.lr {fmt(a)}: check the reward"
+                    " normalisation (reward.normalize, reward.clip) and algorithm.value_clip" + tail]
+    return {"critic.lr": new}, [change_line("critic.lr", lr, new) + f"; keep actor.lr {fmt(a)}" + tail]
+
+
 def for_spike(r, role: str = "actor") -> Advice:
-    if role == "critic" and r.has_critic:
-        lr = r.critic.lr
-        new = r3(max(r.actor.lr * 1.5, lr * 0.5))
-        lr_part: Advice = ({"critic.lr": new}, [change_line("critic.lr", lr, new) + f"; keep actor.lr {fmt(r.actor.lr)}"]) \
-            if new < lr else ({}, [])
-        return _merge(grad_clip(r, "critic"), lr_part, precision_and_warmup(r))
+    if role == "critic":
+        return _merge(grad_clip(r, "critic"), lower_critic_lr(r) if r.has_critic else ({}, []),
+                      precision_and_warmup(r))
     return _merge(grad_clip(r, "actor"), lower_actor_lr(r), tighten_clip(r), precision_and_warmup(r))
 
 
-def for_grad_clip_saturated(r) -> Advice:
-    c, l = lower_actor_lr(r)
-    return c, l + ["gradients are clipped on most steps: the clip, not the lr, sets the step size"]
+def for_grad_clip(r, role: str, warn: bool, why: str = "") -> Advice:
+    """Pre-clip gradient norms above `role`.grad_clip on most steps. Info: the clip sets the step
+    size (effective lr lower than set). Warning (with rising loss/KL, or for very long): lower that
+    role's lr."""
+    clip, lr = getattr(r, role).grad_clip, getattr(r, role).lr
+    note = (f"{role} gradients are clipped at {role}.grad_clip {fmt(clip)} on most steps: the clip, not"
+            f" {role}.lr {fmt(lr)}, sets the step size (the effective {role} lr is lower than set)")
+    if not warn:
+        return {}, [note, f"fine while the {role} loss and KL are stable; if the run learns too slowly,"
+                          f" raise {role}.grad_clip (up to 1.0) rather than {role}.lr"]
+    c, l = lower_critic_lr(r, why) if role == "critic" else lower_actor_lr(r, why=why)
+    return c, l + [note]
 
 
 def for_critic_nan(r) -> Advice:
@@ -299,3 +316,55 @@ def for_stale_weights(r) -> Advice:
 
 def for_skipped_step(r) -> Advice:
     return for_actor_nan(r)
+
+
+def for_kl_level(r, kl_value: float) -> Advice:
+    return {}, [f"KL {fmt(kl_value)} is above the playbook level while the reward still improves: the policy"
+                " is moving far from the reference to earn it; fine while eval/samples improve too",
+                f"if samples degrade, raise algorithm.kl.coef ({fmt(r.algorithm.kl.coef)})"]
+
+
+def for_is_weight(r) -> Advice:
+    rc = r.algorithm.rollout_correction
+    lines = ["importance ratios pi_trainer / pi_rollout are extreme: the rollout engine and the trainer"
+             " disagree on some tokens (precision, stale weights, sampling settings)"]
+    ch: dict = {}
+    if rc.mode == "none":
+        ch["algorithm.rollout_correction.mode"] = "tis"
+        lines.append("algorithm.rollout_correction.mode none -> tis (truncate the weights at the cap)")
+    elif rc.cap > 2.0:
+        ch["algorithm.rollout_correction.cap"] = 2.0
+        lines.append(change_line("algorithm.rollout_correction.cap", rc.cap, 2.0))
+    lines.append("check the weight sync and the rollout engine's dtype against trainer.precision"
+                 f" ({r.trainer.precision})")
+    return ch, lines
+
+
+def for_logprob_drift(r) -> Advice:
+    lines = ["the rollout engine's log-probs drift away from the trainer's step by step: a sync that"
+             " silently fails or lags, or a numerics mismatch that grows as the weights move"]
+    if r.trainer.precision != "fp32":
+        lines.append(f"compare the rollout engine's dtype with trainer.precision {r.trainer.precision}")
+    lines.append("check the weight sync after every update (timing/sync_ms, rollout/is_weight_max)")
+    return {}, lines
+
+
+def for_zero_adv(r) -> Advice:
+    g = r.algorithm.group_size
+    ch: dict = {}
+    lines = ["most groups score all samples the same (all right or all wrong): zero advantage,"
+             " the batch teaches (almost) nothing"]
+    if g < 16:
+        ch["algorithm.group_size"] = g * 2
+        lines.append(change_line("algorithm.group_size", g, g * 2) + " (more samples per prompt: more groups with a spread)")
+    lines.append("filter prompts the policy always or never solves (too easy / too hard), or use a graded reward")
+    return ch, lines
+
+
+def for_clipfrac(r) -> Advice:
+    c, l = lower_actor_lr(r, why="the update leaves the PPO trust region")
+    if r.train.ppo_epochs > 1:
+        c["train.ppo_epochs"] = r.train.ppo_epochs - 1
+        l.append(change_line("train.ppo_epochs", r.train.ppo_epochs, r.train.ppo_epochs - 1))
+    return c, l + ["actor clip fraction rising: most tokens hit the clip range, the ratio runs away"
+                   " from the rollout policy"]

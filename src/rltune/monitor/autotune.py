@@ -10,6 +10,13 @@ Stages: 0 cold-start -> 1 acceleration -> 2 anti-overfit (terminal).
 - spike fix (kl_spike, grad_spike, reward_swing, kl_high; at most once per `autotune.cooldown`
   steps): actor lr x0.5 (x0.1 while it is more than 10x above the playbook range), kl coef x1.5
   (cap 0.1), clip -0.05 (floor 0.1); critic_nan halves the critic lr.
+- rollback (`autotune.rollback`, act mode, at most `autotune.max_rollbacks` per run): a hard spike
+  (a kl_spike / grad_spike event whose value is more than `autotune.rollback_factor` x the max of
+  its last ROLLBACK_HIST finite values before this step, an `entropy_collapse` event (a
+  deterministic policy: in GRPO every advantage is 0, no later fix can move it), or
+  `health.max_skipped_steps - 1` non-finite steps in a row) makes `hard_spike` return the reason;
+  the trainer restores the last good checkpoint from before it began and calls `rollback`, which
+  applies the spike fix (no cooldown) and logs a `rollback` event. The count is in `state_dict`.
 
 The trainer reads `.knobs` each step. In `advise` mode nothing changes: the tuner only logs what
 it would do. No torch import.
@@ -42,6 +49,8 @@ SPIKE_LR_FACTOR, SPIKE_KL_FACTOR, SPIKE_CLIP_STEP = 0.5, 1.5, 0.05
 # magnitude per fix (the playbook's field case: 1e-5 -> 5e-7); halving would take ~3 cooldowns each
 FAR_ABOVE, FAR_LR_FACTOR = 10.0, 0.1
 ENTROPY_MAX = 0.05
+ROLLBACK_HIST = 10     # a hard spike is measured against the max of this many earlier values
+HARD_KEYS = {"kl_spike": ("kl", "KL"), "grad_spike": ("actor/grad_norm", "actor grad norm")}
 
 
 @dataclass
@@ -97,6 +106,10 @@ class AutoTuner:
         self.rewards: list[float] = []
         self.kls: list[float] = []
         self.changes: list[Change] = []
+        self.rollbacks = 0
+        self.rollback_log: list[dict] = []
+        self.hist: dict[str, list[float]] = {"kl": [], "actor/grad_norm": [], "critic/grad_norm": []}
+        self._limit_logged = False
 
     # ---- bounds -----------------------------------------------------------------------------
     def bounds(self, knob: str) -> tuple[float, float]:
@@ -195,13 +208,7 @@ class AutoTuner:
                 why = ev.message
                 nums = dict(ev.numbers)
                 if spike is not None:
-                    k = self.knobs
-                    far = k.actor_lr > FAR_ABOVE * A.ACTOR_LR_MAX
-                    self._set(step, "actor_lr", k.actor_lr * (FAR_LR_FACTOR if far else SPIKE_LR_FACTOR),
-                              act, why, nums, out)
-                    if not self.kl_adaptive:
-                        self._set(step, "kl_coef", min(A.KL_MAX, k.kl_coef * SPIKE_KL_FACTOR), act, why, nums, out)
-                    self._set(step, "clip_range", max(A.CLIP_MIN, k.clip_range - SPIKE_CLIP_STEP), act, why, nums, out)
+                    self._spike_fix(step, act, why, nums, out)
                 if "critic_nan" in kinds and self.has_critic:
                     c = self.knobs.critic_lr
                     new = max(c * 0.5, self.knobs.actor_lr)
@@ -228,11 +235,111 @@ class AutoTuner:
                 self._set(step, "clip_range", max(self.knobs.clip_range, ACCELERATION["clip_range"]), act, why, nums, out)
                 self._note_stage(step, out, n0)
 
+        self._remember(metrics)
         for ch in out:
             log.warning(ch.line)
         self.changes.extend(out)
         if self.write:
             append_events(self.run_dir, [c.to_event() for c in out])
+        return out
+
+    def _spike_fix(self, step, act, why, nums, out) -> None:
+        k = self.knobs
+        far = k.actor_lr > FAR_ABOVE * A.ACTOR_LR_MAX
+        self._set(step, "actor_lr", k.actor_lr * (FAR_LR_FACTOR if far else SPIKE_LR_FACTOR), act, why, nums, out)
+        if not self.kl_adaptive:
+            self._set(step, "kl_coef", min(A.KL_MAX, k.kl_coef * SPIKE_KL_FACTOR), act, why, nums, out)
+        self._set(step, "clip_range", max(A.CLIP_MIN, k.clip_range - SPIKE_CLIP_STEP), act, why, nums, out)
+
+    def _remember(self, metrics: dict) -> None:
+        """The running values a hard spike is measured against (finite values only)."""
+        for key, h in self.hist.items():
+            v = metrics.get(key)
+            if isinstance(v, (int, float)) and v == v and abs(v) != float("inf"):
+                h.append(float(v))
+                del h[:-ROLLBACK_HIST]
+
+    # ---- rollback -----------------------------------------------------------------------------
+    @property
+    def rollback_on(self) -> bool:
+        return bool(self.enabled and self.mode == "act" and getattr(self.cfg, "rollback", False))
+
+    def hard_spike(self, metrics: dict, events: Iterable[Event] = ()) -> Optional[dict]:
+        """Call before `step`: the reason for a rollback at this step, or None. A hard spike is a
+        kl_spike / grad_spike event whose value is more than `rollback_factor` x the max of its
+        last ROLLBACK_HIST finite values, an `entropy_collapse` event, or
+        `health.max_skipped_steps - 1` (at least 1) non-finite steps in a row
+        (`health/skipped_steps`). reason["before"]: the step the trouble began."""
+        if not self.rollback_on:
+            return None
+        step = int(metrics.get("step", 0))
+        reason = None
+        kinds = {e.kind: e for e in events}
+        factor = float(self.cfg.rollback_factor)
+        for kind, (key, label) in HARD_KEYS.items():
+            if kind not in kinds or reason is not None:
+                continue
+            ev = kinds[kind]
+            if kind == "grad_spike" and ev.numbers.get("role") == "critic":
+                key, label = "critic/grad_norm", "critic grad norm"
+            v, hist = metrics.get(key), self.hist[key]
+            if not isinstance(v, (int, float)) or v != v or not hist:
+                continue
+            ref = max(max(hist), 1e-8)
+            if v > factor * ref:
+                reason = {"trigger": kind, "value": round(float(v), 6), "recent_max": round(ref, 6),
+                          "ratio": round(float(v) / ref, 2), "rollback_factor": factor,
+                          "why": f"{label} {A.fmt(A.r3(v))} is {v / ref:.0f}x its recent max {A.fmt(A.r3(ref))}"
+                                 f" (> {factor:g}x)"}
+        if reason is None and "entropy_collapse" in kinds:
+            ev = kinds["entropy_collapse"]
+            v = metrics.get("actor/entropy")
+            shown = A.fmt(A.r3(v)) if isinstance(v, (int, float)) and v == v else "n/a"
+            n = ev.numbers.get("steps")
+            n = int(n) if isinstance(n, (int, float)) and n >= 1 else int(self.recipe.health.window)
+            reason = {"trigger": "entropy_collapse", "value": v, "before": step - n + 1,
+                      "why": f"entropy collapse: actor entropy {shown} nats/token (the {ev.kind} event of step {ev.step})"}
+        streak = int(metrics.get("health/skipped_steps", 0) or 0)
+        need = max(1, int(self.recipe.health.max_skipped_steps) - 1)
+        if reason is None and streak >= need:
+            reason = {"trigger": "nonfinite", "skipped_in_a_row": streak, "limit": need, "before": step - streak + 1,
+                      "why": f"{streak} non-finite step(s) in a row (rollback at {need}, the run stops at "
+                             f"{self.recipe.health.max_skipped_steps})"}
+        if reason is None:
+            return None
+        if self.rollbacks >= self.cfg.max_rollbacks:
+            if not self._limit_logged:
+                log.warning("[AutoTune] step %d: %s; no rollback: autotune.max_rollbacks (%d) reached",
+                            step, reason["why"], self.cfg.max_rollbacks)
+                self._limit_logged = True
+            return None
+        reason["step"] = step
+        reason.setdefault("before", step)  # the rollback target is a good checkpoint before this step
+        return reason
+
+    def rollback(self, step: int, reason: dict, numbers: dict) -> list[Change]:
+        """The trainer has restored checkpoint `numbers["from_step"]`: count it, apply the spike fix
+        (no cooldown) and log a `rollback` event with the numbers."""
+        self.rollbacks += 1
+        self.last_fix = self.last_problem = step
+        act = f"rollback ({reason['trigger']})"
+        nums = {k: v for k, v in reason.items() if k not in ("why", "step", "before")}
+        out: list[Change] = []
+        self._spike_fix(step, act, reason["why"], nums, out)
+        fix = {c.key: [c.old, c.new] for c in out}
+        rec = {"step": step, **nums, **numbers, "rollback": self.rollbacks, "max_rollbacks": self.cfg.max_rollbacks,
+               "fix": fix}
+        self.rollback_log.append(rec)
+        fix_txt = ", ".join(f"{k} {A.fmt(o)} -> {A.fmt(n)}" for k, (o, n) in fix.items()) or "no knob to move"
+        msg = (f"[AutoTune] step {step}: rollback {self.rollbacks}/{self.cfg.max_rollbacks}: {reason['why']}; "
+               f"restored checkpoint step {numbers.get('from_step')}, skipped the batch of step {step}; {fix_txt}")
+        log.warning(msg)
+        for ch in out:
+            log.warning(ch.line)
+        self.changes.extend(out)
+        if self.write:
+            ev = Event(step, "rollback", "warning", msg, rec, [], {c.key: c.new for c in out})
+            append_events(self.run_dir, [ev] + [c.to_event() for c in out])
         return out
 
     def _note_stage(self, step, out, n0) -> None:
@@ -247,6 +354,8 @@ class AutoTuner:
              "autotune/clip_range": k.clip_range, "autotune/entropy_coef": k.entropy_coef}
         if self.has_critic:
             m["autotune/critic_lr"] = k.critic_lr
+        if self.rollback_on:
+            m["autotune/rollbacks"] = self.rollbacks
         return m
 
     @property
@@ -257,7 +366,9 @@ class AutoTuner:
         return {"version": 1, "knobs": asdict(self.knobs), "start": asdict(self.start), "stage": self.stage,
                 "last_fix": self.last_fix, "last_problem": self.last_problem,
                 "rewards": list(self.rewards), "kls": list(self.kls),
-                "changes": [c.to_dict() for c in self.changes[-200:]]}
+                "changes": [c.to_dict() for c in self.changes[-200:]],
+                "rollbacks": self.rollbacks, "rollback_log": list(self.rollback_log[-50:]),
+                "hist": {k: list(v) for k, v in self.hist.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         names = [f.name for f in fields(Knobs)]
@@ -269,3 +380,8 @@ class AutoTuner:
         self.rewards = [float(x) for x in state.get("rewards", [])]
         self.kls = [float(x) for x in state.get("kls", [])]
         self.changes = [Change(**c) for c in state.get("changes", [])]
+        self.rollbacks = int(state.get("rollbacks", 0))
+        self.rollback_log = list(state.get("rollback_log", []))
+        for k, v in (state.get("hist") or {}).items():
+            if k in self.hist:
+                self.hist[k] = [float(x) for x in v]

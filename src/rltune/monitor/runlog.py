@@ -17,52 +17,25 @@ class RunLogError(Exception):
     """Input that cannot be read (missing directory/file, no metrics); exit code 2."""
 
 
-# our key -> candidates (their key, scale); a key ending in "*" matches a prefix
-MAPPINGS: dict[str, dict[str, list[tuple[str, float]]]] = {
-    "trl": {
-        "reward/mean": [("reward", 1.0)],
-        "reward/std": [("reward_std", 1.0)],
-        "kl": [("kl", 1.0)],
-        "actor/entropy": [("entropy", 1.0)],
-        "response/length_mean": [("completions/mean_length", 1.0), ("completion_length", 1.0)],
-        "actor/grad_norm": [("grad_norm", 1.0)],
-        "actor/lr": [("learning_rate", 1.0)],
-        "actor/loss": [("loss", 1.0)],
-        "actor/clipfrac": [("clip_ratio/region_mean", 1.0), ("clip_ratio", 1.0)],
-        "eval/reward": [("eval_reward", 1.0)],
-    },
-    "verl": {
-        "reward/mean": [("critic/score/mean", 1.0), ("critic/rewards/mean", 1.0)],
-        "kl": [("actor/kl_loss", 1.0), ("critic/kl", 1.0), ("actor/ppo_kl", 1.0)],
-        "kl_coef": [("actor/kl_coef", 1.0), ("critic/kl_coef", 1.0)],
-        "actor/entropy": [("actor/entropy", 1.0), ("actor/entropy_loss", 1.0)],
-        "actor/grad_norm": [("actor/grad_norm", 1.0)],
-        "actor/loss": [("actor/pg_loss", 1.0)],
-        "actor/clipfrac": [("actor/pg_clipfrac", 1.0)],
-        "actor/lr": [("actor/lr", 1.0)],
-        "critic/loss": [("critic/vf_loss", 1.0)],
-        "critic/grad_norm": [("critic/grad_norm", 1.0)],
-        "critic/explained_var": [("critic/vf_explained_var", 1.0)],
-        "critic/lr": [("critic/lr", 1.0)],
-        "response/length_mean": [("response_length/mean", 1.0)],
-        "timing/rollout_s": [("timing_s/gen", 1.0)],
-        "timing/train_s": [("timing_s/update_actor", 1.0)],
-        "timing/sync_ms": [("timing_s/update_weights", 1000.0), ("timing_s/sync_weights", 1000.0)],
-        "eval/reward": [("val-core/*", 1.0), ("val/test_score/*", 1.0)],
-    },
-}
+def _tool_maps() -> dict:
+    """The built-in maps of `--from` (rltune.monitor.importers.TOOL_MAPS, which also reads those
+    tools' console logs)."""
+    from rltune.monitor.importers import TOOL_MAPS
+
+    return TOOL_MAPS
 
 
 def parse_maps(maps=(), source: Optional[str] = None) -> dict[str, list[tuple[str, float]]]:
-    """--from trl|verl plus --map OUR=THEIRS (repeatable; user maps win)."""
+    """--from trl|verl|openrlhf plus --map OUR=THEIRS (repeatable; user maps win)."""
     out: dict[str, list[tuple[str, float]]] = {}
+    tools = _tool_maps()
     if source:
-        if source not in MAPPINGS:
-            raise RunLogError(f"--from {source!r}: unknown source; use one of {', '.join(MAPPINGS)}")
-        out.update({k: list(v) for k, v in MAPPINGS[source].items()})
+        if source not in tools:
+            raise RunLogError(f"--from {source!r}: unknown source; use one of {', '.join(tools)}")
+        out.update({k: list(v) for k, v in tools[source].items()})
     for m in maps or ():
-        if m in MAPPINGS:   # `--map trl` as a shorthand for --from trl
-            out.update({k: list(v) for k, v in MAPPINGS[m].items()})
+        if m in tools:   # `--map trl` as a shorthand for --from trl
+            out.update({k: list(v) for k, v in tools[m].items()})
             continue
         ours, sep, theirs = str(m).partition("=")
         if not sep or not ours.strip() or not theirs.strip():
@@ -259,7 +232,7 @@ def metrics_path(run_dir) -> Path:
             if problem:
                 raise RunLogError(problem)
         raise RunLogError(f"{p}: no metrics.jsonl in this directory (rltune train writes RUN_DIR/metrics.jsonl;"
-                          " point at another tool's log file with --from trl|verl)")
+                          " point at another tool's log file with --from trl|verl|openrlhf)")
     return p
 
 
@@ -316,7 +289,7 @@ def read_metrics(run_dir, mapping: Optional[dict] = None) -> RunLog:
     except OSError as e:
         raise RunLogError(f"{path}: cannot read: {e.strerror or e}") from None
     if not table.steps:
-        hint = "" if mapping else " (metrics from another tool? use --from trl|verl or --map OUR=THEIRS)"
+        hint = "" if mapping else " (metrics from another tool? use --from trl|verl|openrlhf or --map OUR=THEIRS)"
         raise RunLogError(f"{path}: no metric records{hint}")
     return table.finish(path, notes)
 

@@ -148,7 +148,7 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
         state = {"step": step, "seed": c.seed, "recipe_hash": rhash, "recipe": recipe_dict, "kl_ctl": c.kl_ctl.state_dict(),
                  "sampler": c.sampler.state_dict(), "rewards": c.rewards.state_dict(),
                  "knobs": vars(knobs).copy(), "skipped_in_a_row": skipped_in_a_row,
-                 "eval_start": eval_start,
+                 "eval_start": eval_start, "good": step_ok,
                  "monitor": monitor.state_dict() if monitor is not None else None,
                  "autotune": tuner.state_dict() if tuner is not None else None}
         if stop.signal is not None:
@@ -181,6 +181,8 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
     r = recipe
     progress = Progress(r.trainer.max_steps, start, enabled=dist.is_main and not quiet and r.logging.console == "rich")
     step, exit_code = start, 0
+    step_ok = True  # no warning/error event and no skipped update at this step: a rollback target
+    rollback_on = tuner is not None and tuner.rollback_on
     try:
         if eval_start is None and c.eval_set is not None:
             eval_start = evaluate(c)
@@ -199,7 +201,19 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
                     and c.eval_set is not None:
                 m["eval/reward"] = evaluate(c)
             events = monitor.observe(m) if monitor is not None else []
-            if tuner is not None:
+            step_ok = not skipped and not any(e.severity in ("warning", "error") for e in events)
+            rb = tuner.hard_spike(m, events) if rollback_on else None
+            # a good checkpoint from before the trouble began (a sustained condition or a streak
+            # started some steps before it fired)
+            target = _good_checkpoint(run_dir, rb["before"]) if rb is not None else None
+            if rb is not None and target is None:
+                LOG.warning("[AutoTune] step %d: %s; no rollback: no good checkpoint before this step "
+                            "(the ordinary spike fix applies)", step, rb["why"])
+            if target is not None:
+                skipped_in_a_row = _rollback(c, engines, gen, knobs, monitor, tuner, target, step, rb)
+                m["health/skipped_steps"] = skipped_in_a_row
+                m.update(tuner.metrics())
+            elif tuner is not None:
                 tuner.knobs.kl_coef = knobs.kl_coef  # the adaptive KL controller may have moved it
                 tuner.step(m, events)                # logs each change with its reason
                 _sync_knobs_from_tuner(tuner, knobs)
@@ -220,6 +234,8 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
                 break
             if r.trainer.save_every and step % r.trainer.save_every == 0 and step < r.trainer.max_steps:
                 save(step)
+            elif rollback_on and step_ok and step % r.autotune.rollback_every == 0 and step < r.trainer.max_steps:
+                save(step)  # the "last good" checkpoint a rollback restores
             if stop.signal is not None:
                 save(step)
                 exit_code = EXIT_INTERRUPTED
@@ -417,6 +433,60 @@ def _restore(c, knobs, monitor, tuner, state) -> None:
         monitor.load_state_dict(state["monitor"])
     if tuner is not None and state.get("autotune") is not None:
         tuner.load_state_dict(state["autotune"])
+
+
+def _good_checkpoint(run_dir: Path, step: int) -> Path | None:
+    """The newest intact checkpoint before `step` saved at a step without a warning or skipped
+    update (state.json "good")."""
+    from . import checkpoint as ckpt
+
+    for path in reversed(ckpt.checkpoints(run_dir)):
+        try:
+            n = int(path.name[len(ckpt.PREFIX):])
+        except ValueError:
+            continue
+        if n >= step or ckpt.verify(path) is not None:
+            continue
+        try:
+            if json.loads((path / "state.json").read_text()).get("good"):
+                return path
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _rollback(c, engines, gen, knobs, monitor, tuner, path: Path, step: int, reason: dict) -> int:
+    """Restore checkpoint `path` (weights, optimizer, scheduler, RNG, KL controller, reward
+    moments, monitor state) through the resume path, keep the sampler where it is (past the batch
+    that blew up: it is not replayed), apply the spike fix and log it. Returns the restored
+    non-finite streak."""
+    from . import checkpoint as ckpt
+    from .loop import apply_knobs
+
+    sampler_now = c.sampler.state_dict()
+    state = ckpt.load(path, engines, gen, c.dist.rank)
+    c.kl_ctl.load_state_dict(state["kl_ctl"])
+    c.rewards.load_state_dict(state["rewards"])
+    if monitor is not None and state.get("monitor") is not None:
+        # the spike does not widen the detectors' running ranges; events.jsonl and the event list
+        # keep what the discarded steps reported (a resume would truncate them: write off)
+        events, write = list(monitor.events), monitor.write
+        monitor.write = False
+        try:
+            monitor.load_state_dict(state["monitor"])
+        finally:
+            monitor.write, monitor.events = write, events
+    c.sampler.load_state_dict(sampler_now)
+    knobs.kl_coef = c.kl_ctl.coef
+    tuner.knobs.kl_coef = knobs.kl_coef
+    numbers = {"from_step": int(state["step"]), "from": str(path),
+               "sampler_from": [state["sampler"].get("epoch"), state["sampler"].get("cursor")],
+               "sampler_now": [sampler_now.get("epoch"), sampler_now.get("cursor")]}
+    tuner.rollback(step, reason, numbers)
+    _sync_knobs_from_tuner(tuner, knobs)
+    apply_knobs(c, knobs)
+    c.rollout.sync_weights(c.actor)
+    return int(state.get("skipped_in_a_row", 0))
 
 
 def _sync_knobs_from_tuner(tuner, knobs) -> None:
