@@ -2,10 +2,8 @@
 recipes/experiments/lr-too-high.yaml blows up without autotune (the health monitor says so) and
 stays healthy and learns with `autotune.mode: act`. Two trainings of ~0.5-3 min each on CPU.
 
-Seed 1 is the seed of the measured table where the dead run without autotune also ends with a
-lower reward. On seeds 2 and 3 it collapses onto a bare number, the maximum of the format reward
-(1.0), so there the reward comparison does not hold (0.95 with autotune vs 1.0 dead); the KL and
-entropy comparisons hold on all three (see the doc)."""
+The dead run collapses onto a bare number, the maximum of the format reward (1.0), so the
+reward does not tell the runs apart; the KL and entropy comparisons do (see the doc)."""
 
 import importlib.util
 from pathlib import Path
@@ -35,11 +33,12 @@ def test_autotune_rescues_a_too_high_actor_lr(tmp_path):
     assert off["entropy_last"] < 0.05
     # with autotune: it acted (lower actor lr among the changes) ...
     assert any(k == "actor.lr" and new < old for _, k, old, new, _ in act["autotune"]), act["autotune"]
-    # ... and the run learns: final reward clearly above its start and above the run without autotune
+    # ... and the run learns: final reward clearly above its start. (Not above the dead run's: since
+    # the hf engine samples without transformers' default top_k 50 (issue 10), the dead run on this
+    # seed too collapses onto a bare number, the format reward's maximum; see the doc.)
     assert act["reward_last3"] > act["reward_first3"] + 0.3, (act["reward_first3"], act["reward_last3"])
-    assert act["reward_last3"] > off["reward_last3"] + 0.1, (off["reward_last3"], act["reward_last3"])
     # ... with a lower KL to the reference and a live policy (no entropy collapse)
     assert "entropy_collapse" not in {k for _, k in act["health"]}, act["health"]
     assert act["entropy_last"] > 0.5
-    assert act["kl_max"] < off["kl_max"], (off["kl_max"], act["kl_max"])
+    # (not a lower peak: the fix comes at step 4, once the KL has doubled over two windows)
     assert act["kl_last10"] < off["kl_last10"], (off["kl_last10"], act["kl_last10"])

@@ -256,3 +256,16 @@ def test_kl_level_is_per_token_when_logged():
 def test_older_recipe_with_reward_swing_still_loads():
     r = Recipe.model_validate({**RECIPE, "health": {"reward_swing": 0.15}})
     assert r.health.swing_sigmas == 4.0
+
+
+def test_kl_running_away_is_a_warning_even_while_the_reward_improves():
+    """The lr-too-high blow-up (docs/autotune-experiment.md, seed 1): per-token KL 0.2 -> 1.1 ->
+    2.2 while the reward still rises. Far above the level and doubling per window: a warning."""
+    tr = healthy(12, 4)
+    for m, kl in zip(tr, [0.0, 0.21, 1.06, 2.23, 2.86, 4.05, 4.22, 4.23, 4.23, 4.23, 4.23, 4.23]):
+        m["kl/token_mean"] = kl
+        m["kl"] = 6 * kl
+    fast = Recipe.model_validate({**RECIPE, "health": {"window": 2, "warmup_steps": 0}})
+    hits = [e for e in run(tr, fast) if e.kind == "kl_high"]
+    assert hits and hits[0].severity == "warning" and hits[0].step == 4, hits
+    assert "running away" in hits[0].message

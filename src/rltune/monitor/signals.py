@@ -132,11 +132,15 @@ class RewardSwing(Detector):
                        "std_error": _rd(se), "sigmas": h.swing_sigmas, "role": "actor"}, lines, ch)]
 
 
+RUNAWAY, RUNAWAY_GROWTH = 2.0, 1.5  # x the level, x per step: a KL this high growing this fast is a fault
+
+
 class KLHigh(Detector):
     """KL above the playbook level for `window` steps. A warning (kl_high) when the reward has stopped
     improving meanwhile and the KL is still climbing (window mean >= 1.2x the window before, or too
-    few steps to tell): drift that buys nothing. While the reward still improves, an info (kl_level);
-    a KL that levelled off high stays quiet (it was reported when it climbed)."""
+    few steps to tell): drift that buys nothing; or when it runs away (window mean above 2x the
+    level, still growing >= 1.5x per step), whatever the reward does. While the reward still improves and the KL is not running away, an info
+    (kl_level); a KL that levelled off high stays quiet (it was reported when it climbed)."""
     name = "kl_high"
 
     def initial(self):
@@ -165,9 +169,14 @@ class KLHigh(Detector):
         kl_mean = statistics.fmean(window)
         kh = mon.recent(key, 2 * h.window - 1) + [kl]
         climbing = len(kh) < 2 * h.window or statistics.fmean(kh[h.window:]) >= 1.2 * statistics.fmean(kh[:h.window])
+        # a KL at twice the level that still grows >= 1.5x per step over the window is a runaway,
+        # reward gain or not (a fast but sound learner grows ~1.2x per step by then)
+        first = window[0]
+        growth = (kl / first) ** (1.0 / (len(window) - 1)) if first > 0 and len(window) > 1 else 1.0
+        runaway = kl_mean > RUNAWAY * h.kl_high and growth >= RUNAWAY_GROWTH
         if not improving and not climbing:
             return []
-        if improving:
+        if improving and not runaway:
             if not self.state["info_armed"]:
                 return []
             self.state["info_armed"] = False
@@ -179,8 +188,10 @@ class KLHigh(Detector):
                            "kl_key": key, "role": "actor"}, lines, ch)]
         self.state["armed"] = False
         ch, lines = A.for_kl_high(mon.recipe, kl_mean, creeping)
+        why = (f"running away ({growth:.1f}x per step)" if runaway
+               else "climbing while the reward has stopped improving")
         msg = (f"{lab} {A.fmt(_rd(kl, 3))} > {A.fmt(h.kl_high)} sustained for {n} steps (since step {step - n + 1})"
-               f" and climbing while the reward has stopped improving: policy drifting from the reference; raise the KL coefficient")
+               f" and {why}: policy drifting from the reference; raise the KL coefficient")
         return [Event(step, "kl_high", "warning", msg,
                       {"kl": _rd(kl), "kl_mean": _rd(kl_mean), "threshold": h.kl_high, "steps": n,
                        "kl_coef": v.get("kl_coef", mon.recipe.algorithm.kl.coef), "kl_key": key, "role": "actor"}, lines, ch)]
