@@ -206,7 +206,7 @@ class HealthCfg(Section):
     swing_sigmas: float = F(4.0, "Early reward swing: a deviation from the recent trend beyond this many standard errors of the batch mean (reward/std / sqrt(sequences per step)).", gt=0, le=1000)
     reward_swing: Optional[float] = F(None, "Deprecated, ignored: swings are judged against the batch's sampling noise (swing_sigmas). Kept so that older recipe.yaml files load.", gt=0, le=100)
     swing_steps: int = F(50, "The reward-swing detector watches the first N steps (early training).", ge=1, le=10_000_000)
-    kl_high: float = F(0.6, "KL level (playbook figure): sustained above it while the reward stalls is a warning; while the reward still improves, an info (kl_level).", gt=0, le=1000)
+    kl_high: float = F(0.6, "KL per token level (playbook figure): sustained above it while the reward stalls, or above 2x it and growing >= 1.5x per step, is a warning; otherwise an info (kl_level).", gt=0, le=1000)
     kl_spike_factor: float = F(10.0, "KL spike: a value this many times its running max.", gt=1, le=1e6)
     kl_spike_min: float = F(0.3, "KL spike: ignore values below this.", ge=0, le=1000)
     grad_spike_factor: float = F(10.0, "Grad-norm spike: this many times its running median.", gt=1, le=1e6)
