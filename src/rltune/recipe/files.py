@@ -91,6 +91,7 @@ def data_problem(spec: str, prompt_key: str, base_dir: Optional[Path], key: str)
 
 def reward_problem(spec: str, base_dir: Optional[Path]) -> Optional[tuple]:
     from rltune.data.datasets import missing_file_reason
+    from rltune.reward import reward_file_path
     from rltune.reward.builtins import BUILTIN_REWARDS
 
     if spec.startswith("builtin:"):
@@ -104,9 +105,7 @@ def reward_problem(spec: str, base_dir: Optional[Path]) -> Optional[tuple]:
                 "name the function after a colon, e.g. `rewards.py:score` or `my_pkg.rewards:score`")
     if not target.endswith(".py"):
         return None  # module:function: importing it would run user code; train imports it
-    p = Path(target).expanduser()
-    if not p.is_absolute() and base_dir is not None and not p.exists():
-        p = Path(base_dir) / p
+    p = reward_file_path(target, base_dir)
     if not p.exists():
         return (f"reward file `{target}` " + (missing_file_reason(p) if p.is_symlink() else "not found"
                                               + _looked(target, base_dir)),

@@ -27,6 +27,15 @@ EXIT_FIX = ("reward code must not end the process: raise an exception (or return
 ERROR_FIX = "fix the function, or set reward.on_error: zero to score such samples 0"
 
 
+def reward_file_path(target: str, base_dir: Path | None = None) -> Path:
+    """The file of a `path/to/file.py:function` spec: as given (absolute, or relative to the
+    current directory), else relative to the recipe's directory (`validate` looks there too)."""
+    path = Path(target).expanduser()
+    if not path.is_absolute() and base_dir is not None and not path.exists():
+        path = Path(base_dir) / path
+    return path
+
+
 def load_reward_function(spec: str, base_dir: Path | None = None) -> Callable:
     """Resolve `builtin:NAME`, `module:function` or `path/to/file.py:function`."""
     if spec.startswith("builtin:"):
@@ -39,9 +48,7 @@ def load_reward_function(spec: str, base_dir: Path | None = None) -> Callable:
         raise RewardError(f"reward function {spec!r} must be builtin:NAME, module:function or file.py:function")
     target, func_name = spec.rsplit(":", 1)
     if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_absolute() and base_dir is not None and not path.exists():
-            path = base_dir / path
+        path = reward_file_path(target, base_dir)
         if not path.exists():
             raise RewardError(f"reward file {target} does not exist (from reward.functions: {spec})")
         mod_name = f"rltune_user_reward_{abs(hash(str(path.resolve())))}"

@@ -10,6 +10,7 @@ import logging
 import signal
 from pathlib import Path
 
+from ..recipe.knobs import KNOB_KEYS
 from ..recipe.schema import Recipe
 from .collective import barrier, broadcast_int
 from .console import LOG, Progress, setup_logging
@@ -490,10 +491,8 @@ def _rollback(c, engines, gen, knobs, monitor, tuner, path: Path, step: int, rea
 
 
 def _sync_knobs_from_tuner(tuner, knobs) -> None:
-    tk = tuner.knobs
-    for name in ("actor_lr", "critic_lr", "kl_coef", "clip_range", "entropy_coef"):
-        if hasattr(tk, name):
-            setattr(knobs, name, getattr(tk, name))
+    for name in KNOB_KEYS:
+        setattr(knobs, name, getattr(tuner.knobs, name))
 
 
 __all__ = ["train", "EXIT_INTERRUPTED"]

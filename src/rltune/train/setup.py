@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,7 +193,10 @@ def _check_meshes(recipe: Recipe, dist: DistInfo) -> None:
 
 
 def _data_path(spec: str, recipe_dir: Path) -> str:
-    if spec.startswith("builtin:") or os.path.isabs(spec) or os.path.exists(spec):
+    """Where train reads a data spec: the places `validate` checks (data.datasets.resolve_data_path)."""
+    from ..data.datasets import resolve_data_path
+
+    if spec.startswith("builtin:"):
         return spec
-    candidate = recipe_dir / spec
-    return str(candidate) if candidate.exists() else spec
+    path = resolve_data_path(spec, recipe_dir)
+    return str(path) if path is not None else spec
