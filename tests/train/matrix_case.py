@@ -123,7 +123,7 @@ def main() -> int:
                    make_kl_controller(0.05, None, 10000), resolve_correction(r, "hf"))
     knobs = Knobs.from_recipe(r)
     # no shuffling: the ranks' update u must hold the rows of the 1-rank update u
-    loop.micro_batches = lambda e, micro, size, gen: [
+    loop.micro_batches = lambda e, micro, size, gen, *_: [
         [e.select(torch.arange(u + m, min(u + m + micro, u + size))) for m in range(0, size, micro)]
         for u in range(0, e.size, size)]
     recorder = LossRecorder(update.policy_loss)

@@ -35,7 +35,7 @@ def recipe(model_dir):
     return Recipe.model_validate({
         "model": {"policy": model_dir}, "data": {"train": "builtin:arithmetic", "max_prompt_length": 64},
         "reward": {"functions": ["builtin:exact_answer"]},
-        "rollout": {"engine": "auto", "max_new_tokens": 24, "cpu_kvcache_gb": 1},
+        "rollout": {"engine": "auto", "max_new_tokens": 24},   # cpu_kvcache_gb: auto
         "trainer": {"seed": 0}})
 
 
@@ -47,6 +47,7 @@ def engine(recipe, tok):
     eng = make_rollout(recipe, None, tok, "cpu", log=lines.append)
     assert eng.name == "vllm", lines
     assert lines and lines[0].startswith("rollout engine vllm (auto:")
+    assert len(lines) == 2 and lines[1].startswith("vLLM CPU KV cache") and "auto" in lines[1], lines
     yield eng
     eng.close()
 
@@ -74,6 +75,18 @@ def _perturb(model, scale=0.05, seed=1):
 def test_engine_config(engine, recipe):
     assert engine.max_model_len == 128          # 64 + 24 rounded up to 64s
     assert engine.sleep_enabled is False        # CPU: no sleep mode
+    cache = engine.llm.llm_engine.vllm_config.cache_config
+    assert cache.enable_prefix_caching is True
+    # auto KV cache: rollout.batch_size 8 seqs (no eval set) x 1 block of 128 (64 + 24 tokens)
+    # x 1.5 + the null block = 13 blocks, passed to vLLM in bytes (not whole GiB)
+    from rltune.rollout.vllm import kv_bytes_per_token
+
+    from transformers import AutoConfig
+
+    per_token = kv_bytes_per_token(AutoConfig.from_pretrained(recipe.model.policy), 4)
+    assert engine.kv_cache_bytes == 13 * 128 * per_token
+    assert cache.kv_cache_memory_bytes == engine.kv_cache_bytes
+    assert cache.block_size == 128 and cache.num_gpu_blocks == 13
     engine.sleep()
     engine.wake_up()                            # clean no-ops on CPU
     assert engine.asleep is False

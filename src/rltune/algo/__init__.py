@@ -31,7 +31,7 @@ from .kl import (
     make_kl_controller,
 )
 from .correction import CORRECTION_MODES, rollout_correction_weights
-from .logits import entropy_from_logits, logprobs_from_logits
+from .logits import entropy_from_logits, logprobs_from_logits, token_logprobs_entropy
 from .losses import policy_loss, value_loss
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "reinforce_pp_advantages",
     "rloo_advantages",
     "rollout_correction_weights",
+    "token_logprobs_entropy",
     "value_loss",
     "zero_advantage_share",
 ]

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["entropy_from_logits", "logprobs_from_logits"]
+__all__ = ["entropy_from_logits", "logprobs_from_logits", "token_logprobs_entropy"]
 
 #: Default budget of elements (rows * vocab) of one float32 chunk (~256 MiB).
 _CHUNK_ELEMS = 1 << 26
@@ -89,3 +89,76 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: Optional[int] = None) 
     if not out:
         return logits.new_zeros(B, T, dtype=torch.float32)
     return torch.cat(out).view(B, T)
+
+
+class _LogProbEntropy(torch.autograd.Function):
+    """Fused, chunked ``log softmax(z / temp)[label]`` and entropy of ``softmax(z / temp)``.
+
+    Forward keeps only the per-row logsumexp and entropy (no float32 copy of the logits, no
+    softmax); backward recomputes one chunk's softmax at a time:
+    ``d logp / dz = (onehot - p) / temp`` and ``d H / dz = -p (log p + H) / temp``.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature, rows):                # (N, V), (N,)
+        N = logits.shape[0]
+        logp = torch.empty(N, dtype=torch.float32, device=logits.device)   # (N,)
+        ent = torch.empty_like(logp)                                       # (N,)
+        lse = torch.empty_like(logp)                                       # (N,)
+        for s in range(0, N, rows):
+            z = logits[s:s + rows].float() / temperature                   # (n, V)
+            lse[s:s + rows] = torch.logsumexp(z, dim=-1)
+            logp_all = z - lse[s:s + rows, None]                           # (n, V) log p
+            logp[s:s + rows] = logp_all.gather(-1, labels[s:s + rows, None]).squeeze(-1)
+            p = logp_all.exp()
+            # -inf logits (banned tokens) have p = 0 and contribute 0 (avoid 0 * -inf = nan)
+            ent[s:s + rows] = -(p * logp_all.masked_fill(p == 0, 0.0)).sum(dim=-1)
+        ctx.save_for_backward(logits, labels, lse, ent)
+        ctx.temperature, ctx.rows = temperature, rows
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):                                   # (N,), (N,)
+        logits, labels, lse, ent = ctx.saved_tensors
+        temp, rows = ctx.temperature, ctx.rows
+        grad = torch.empty_like(logits)                                    # (N, V)
+        for s in range(0, logits.shape[0], rows):
+            logp_all = logits[s:s + rows].float() / temp - lse[s:s + rows, None]   # (n, V)
+            p = logp_all.exp()
+            g = torch.zeros_like(p)
+            if g_logp is not None:
+                gl = g_logp[s:s + rows, None]                              # (n, 1)
+                g -= p * gl
+                g.scatter_add_(-1, labels[s:s + rows, None], gl)
+            if g_ent is not None:
+                h = (logp_all + ent[s:s + rows, None]).masked_fill(p == 0, 0.0)
+                g -= p * h * g_ent[s:s + rows, None]
+            grad[s:s + rows] = (g / temp).to(grad.dtype)
+        return grad, None, None, None
+
+
+def token_logprobs_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, chunk_size: Optional[int] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of ``labels`` and entropies under ``softmax(logits / temperature)``,
+    in one pass and without a float32 copy of the logits kept for backward.
+
+    Same values as ``logprobs_from_logits(logits / temperature, labels)`` and
+    ``entropy_from_logits(logits / temperature)``; differentiable w.r.t. ``logits`` through
+    both outputs (a fused backward that recomputes one chunk's softmax at a time).
+
+    Shapes: ``logits`` ``(B, T, V)`` float32/bfloat16/float16, ``labels`` ``(B, T)`` long
+    -> ``(B, T)`` float32, ``(B, T)`` float32.
+    """
+    if logits.dim() != 3 or labels.shape != logits.shape[:2]:
+        raise ValueError(
+            f"expected logits (B, T, V) and labels (B, T); got {tuple(logits.shape)} and {tuple(labels.shape)}"
+        )
+    B, T, V = logits.shape
+    if B * T == 0:
+        z = logits.new_zeros(B, T, dtype=torch.float32)
+        return z, z.clone()
+    rows = _rows_per_chunk(V, chunk_size)
+    logp, ent = _LogProbEntropy.apply(logits.reshape(B * T, V), labels.reshape(B * T).long(),
+                                      float(temperature), rows)
+    return logp.view(B, T), ent.view(B, T)

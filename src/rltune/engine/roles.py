@@ -32,9 +32,12 @@ class ValueModel(nn.Module):
     def gradient_checkpointing_enable(self, **kw):
         self.backbone.gradient_checkpointing_enable(**kw)
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None):
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids, use_cache=False).last_hidden_state  # (B, L, H)
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None):
+        """`past_key_values`: a cache the backbone reads and extends in place (the shared-prompt
+        passes hand one in); None = no cache."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               past_key_values=past_key_values,
+                               use_cache=past_key_values is not None).last_hidden_state      # (B, L, H)
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)         # (B, L)
 
 

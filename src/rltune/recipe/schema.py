@@ -160,7 +160,7 @@ class RolloutCfg(Section):
     gpu_memory_utilization: float = F(0.5, "vLLM: fraction of GPU memory for weights + KV cache.", gt=0, le=1)
     tensor_parallel_size: int = F(1, "vLLM tensor parallel size.", ge=1, le=64)
     max_model_len: Optional[int] = F(None, "vLLM max sequence length; default prompt + response length.", ge=16, le=1_048_576)
-    cpu_kvcache_gb: float = F(2.0, "vLLM on CPU: KV cache size in GiB.", gt=0, le=1024)
+    cpu_kvcache_gb: Optional[float] = F(None, "vLLM on CPU: KV cache size in GiB (fractions honoured); null = auto: sequences per generation call (rollout.batch_size, or an eval call's up to 32) x (data.max_prompt_length + max_new_tokens) tokens x per-token KV bytes, x1.5 in whole 128-token blocks, at least one max_model_len sequence.", gt=0, le=1024)
     sleep_mode: bool = F(True, "vLLM: free rollout memory while training where the platform supports it.")
     logprob_tolerance: float = F(0.05, "Stale-weight guard: max mean |rollout logp - actor logp| before a warning.", gt=0, le=100)
 
@@ -170,6 +170,7 @@ class TrainCfg(Section):
     micro_batch_size: int = F(4, "Sequences per forward/backward pass, per rank (accumulated up to train.batch_size / world size).", ge=1, le=1_000_000)
     ppo_epochs: int = F(1, "Passes over each step's experience.", ge=1, le=100)
     updates_per_step: int = F(1, "Optimizer updates per epoch: a step gathers this many train.batch_size batches (PPO mini-batches).", ge=1, le=1000)
+    share_prompts: bool = F(True, "Compute each prompt once per group in the reference, behaviour, value and training passes (its keys/values shared by the group's responses; exact). Off, or where the model does not support it (gradient checkpointing, caches we cannot vouch for), every sequence is computed whole.")
 
 
 class TrainerCfg(Section):

@@ -101,6 +101,17 @@ def max_sequence_length(recipe) -> int:
     return int(recipe.data.max_prompt_length) + int(recipe.rollout.max_new_tokens)
 
 
+def sequences_per_generate_call(recipe) -> int:
+    """Most sequences one `generate` call asks for: a training call (rollout.batch_size =
+    prompts x group_size) or an eval call (greedy, up to 32 prompts: `train.loop.evaluate`) when
+    the run has an eval set (data.eval, or a builtin train set with trainer.eval_every > 0:
+    `train.setup`)."""
+    d = recipe.data
+    has_eval = bool(d.eval) or (str(d.train).startswith("builtin:") and int(recipe.trainer.eval_every) > 0)
+    eval_seqs = min(32, int(d.eval_size)) if has_eval else 0
+    return max(int(recipe.rollout.batch_size), eval_seqs)
+
+
 def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size: int = 1,
                  log=None):
     """Build the recipe's rollout engine. `policy_model_for_hf` is the HF module the `hf`
@@ -119,7 +130,8 @@ def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size
             engine = VLLMRollout(
                 model_dir, tokenizer, recipe.rollout, precision=recipe.trainer.precision,
                 seed=recipe.trainer.seed, max_len=max_sequence_length(recipe), device=device,
-                trust_remote_code=recipe.model.trust_remote_code)
+                trust_remote_code=recipe.model.trust_remote_code,
+                seqs_per_call=sequences_per_generate_call(recipe))
         except Exception as err:  # noqa: BLE001
             if recipe.rollout.engine == "vllm":
                 raise RolloutEngineError(
@@ -133,8 +145,10 @@ def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size
         model = policy_model_for_hf
         if callable(model) and not hasattr(model, "named_parameters"):
             model = model()
-        engine = HFRollout(model, tokenizer, device=device)
+        engine = HFRollout(model, tokenizer, device=device, share_prompts=recipe.train.share_prompts)
     engine.reason = reason
     if log is not None:
         log(reason)
+        if getattr(engine, "kv_cache_line", ""):
+            log(engine.kv_cache_line)
     return engine

@@ -50,6 +50,32 @@ class Experience:
         position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)                      # (B, P+T)
         return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids}
 
+    @property
+    def response_width(self) -> int:
+        return self.response_ids.shape[1]
+
+    def trimmed(self) -> "Experience":
+        """The same rows without the prompt columns that are padding in every row (left) and
+        the response columns past every row's last token (right). Exact: those columns are
+        masked everywhere, and positions are numbered from the masks. A (b, T) field keeps its
+        first T' columns; `index` says where the rows go back."""
+        real_p = self.prompt_mask.bool().any(dim=0)                                    # (P,)
+        real_t = self.response_mask.bool().any(dim=0)                                  # (T,)
+        p0 = int(real_p.float().argmax()) if bool(real_p.any()) else self.prompt_width - 1
+        t1 = int(real_t.nonzero().max()) + 1 if bool(real_t.any()) else 1
+        if p0 == 0 and t1 == self.response_width:
+            return self
+        T = self.response_width
+        kw = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("prompt_ids", "prompt_mask"):
+                value = value[:, p0:]
+            elif isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[1] == T:
+                value = value[:, :t1]
+            kw[f.name] = value
+        return Experience(**kw)
+
     def select(self, index: torch.Tensor) -> "Experience":
         """A sub-batch (rows `index`) sharing no storage requirements with the parent."""
         kw = {}

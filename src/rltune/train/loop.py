@@ -47,12 +47,14 @@ from .collective import gather_rows, global_sum, global_whiten
 from .console import LOG
 from .prompts import encode_prompt, prompt_messages, prompt_text, reward_columns
 from .setup import Components
+from . import batching
 from .update import (
     forward_logp,
     forward_values,
     make_actor_loss,
     make_critic_loss,
     run_update,
+    use_shared_prompts,
 )
 
 
@@ -126,15 +128,12 @@ def compute_advantages(c: Components, exp: Experience, kl_coef: float) -> None:
         exp.advantages = global_whiten(discounted_returns(exp.token_rewards, mask, algo.gamma), mask)
 
 
-def micro_batches(exp: Experience, micro: int, update_size: int, gen: torch.Generator) -> list[list[Experience]]:
-    """Shuffle the step's experience, cut it into updates of `update_size` sequences, each
-    a list of micro-batches of `micro` sequences."""
-    order = torch.randperm(exp.size, generator=gen)
-    updates = []
-    for u in range(0, exp.size, update_size):
-        idx = order[u:u + update_size]
-        updates.append([exp.select(idx[m:m + micro]) for m in range(0, len(idx), micro)])
-    return updates
+def micro_batches(exp: Experience, micro: int, update_size: int, gen: torch.Generator,
+                  group: int = 1) -> list[list[Experience]]:
+    """Shuffle the step's experience by whole groups, cut it into updates of `update_size`
+    sequences, each a list of length-sorted, trimmed micro-batches of `micro` sequences
+    (`batching`: exact, the accumulation weights make order and grouping irrelevant)."""
+    return batching.micro_batches(exp, micro, update_size, gen, group)
 
 
 @dataclass
@@ -148,26 +147,29 @@ class Learned:
 def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator) -> Learned:
     """Steps 3-8 on one step's scored experience (on the training device)."""
     r = c.recipe
-    micro, temp = r.train.micro_batch_size, r.logprob_temperature
+    micro, temp, n = r.train.micro_batch_size, r.logprob_temperature, r.algorithm.group_size
     out = Learned()
     exp.index = torch.arange(exp.size, device=exp.response_ids.device)
 
     # 3. reference log-probs
     t0 = time.perf_counter()
     if c.reference is not None:
-        exp.ref_logp = forward_logp(c.reference.module, exp, temp, micro)           # (B, T)
+        exp.ref_logp = forward_logp(c.reference.module, exp, temp, micro, n,
+                                    use_shared_prompts(r, c.reference))                # (B, T)
     out.timings["timing/reference_s"] = time.perf_counter() - t0
 
     # 4. behaviour log-probs (an extra forward only when needed before the first update)
     t0 = time.perf_counter()
     if needs_behavior_forward(r, exp.ref_logp is not None):
         c.actor.eval()
-        exp.behavior_logp = forward_logp(c.actor.module, exp, temp, micro)          # (B, T)
+        exp.behavior_logp = forward_logp(c.actor.module, exp, temp, micro, n,
+                                         use_shared_prompts(r, c.actor))               # (B, T)
 
     # 5. values
     if c.critic is not None:
         c.critic.eval()
-        exp.old_values = forward_values(c.critic.module, exp, micro)                 # (B, T)
+        exp.old_values = forward_values(c.critic.module, exp, micro, n,
+                                        use_shared_prompts(r, c.critic))               # (B, T)
     out.timings["timing/old_s"] = time.perf_counter() - t0
 
     # 6-7. KL and advantages
@@ -180,7 +182,7 @@ def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator) ->
     critic_loss = make_critic_loss(c.critic, r) if c.critic is not None else None
     update_size = max(1, r.train.batch_size // c.dist.world_size)
     for _epoch in range(r.train.ppo_epochs):
-        for mbs in micro_batches(exp, micro, update_size, gen):
+        for mbs in micro_batches(exp, micro, update_size, gen, n):
             out.actor.append(run_update(c.actor, mbs, actor_loss, r.algorithm.loss_agg))
             if critic_loss is not None:
                 out.critic.append(run_update(c.critic, mbs, critic_loss, r.algorithm.loss_agg))

@@ -149,6 +149,12 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = N
              "on" if ro.do_sample else "greedy", ro.temperature, ro.top_p, ro.top_k or "off", ro.max_new_tokens,
              recipe.algorithm.group_size, recipe.logprob_temperature, correction,
              f" (cap {recipe.algorithm.rollout_correction.cap:g})" if correction != "none" else "")
+    if recipe.algorithm.group_size > 1:
+        from .shared_prompt import shared_prompt_reason
+
+        reason = shared_prompt_reason(actor) if recipe.train.share_prompts else "train.share_prompts is false"
+        LOG.info("shared-prompt passes: %s", "on (each prompt computed once per group)" if reason is None
+                 else f"off ({reason})")
     return Components(recipe, dist, tokenizer, train_set, eval_set, sampler, rewards, actor, critic,
                       reference, rollout, kl_ctl, correction, seed)
 

@@ -16,15 +16,15 @@ import torch
 
 from ..algo import (
     aggregate,
-    entropy_from_logits,
     kl as kl_estimate,
-    logprobs_from_logits,
     policy_loss,
     rollout_correction_weights,
+    token_logprobs_entropy,
     value_loss,
 )
 from ..recipe.knobs import Knobs
 from ..rollout.experience import Experience
+from .batching import passes, scatter
 from .collective import global_sum, world_size
 
 TOKEN_LEVEL = ("token-mean",)
@@ -63,22 +63,20 @@ def _ds_checks_overflow(engine) -> bool:
 
 def _grad_norm(engine, world: int) -> float:
     """L2 norm of the rank-averaged gradients before the step, for a plain torch optimizer at
-    stage 0 (DeepSpeed neither checks nor reports it there; the gradients are in .grad). With
-    several ranks they are averaged here first, on copies: DeepSpeed reduces the originals in
-    `step`."""
+    stage 0 (DeepSpeed neither checks nor reports it there; the gradients are in .grad): one
+    fused norm and one host sync. With several ranks the gradients are averaged here first, in
+    one flat bucket (DeepSpeed reduces the originals in `step`)."""
     import torch.distributed as dist
 
-    sq = torch.zeros((), dtype=torch.float64)
-    for p in engine.module.parameters():
-        if p.grad is None:
-            continue
-        g = p.grad.detach()
-        if world > 1:
-            g = g.clone()
-            dist.all_reduce(g)
-            g /= world
-        sq += g.double().pow(2).sum().cpu()
-    return math.sqrt(float(sq))
+    grads = [p.grad.detach() for p in engine.module.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    if world > 1:
+        flat = torch.cat([g.reshape(-1).float() for g in grads])                      # (n_params,)
+        dist.all_reduce(flat)
+        return float(flat.double().norm() / world)
+    norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g for g in grads])
+    return float(torch.stack(norms).double().norm())
 
 
 def _zero_loss(engine) -> torch.Tensor:
@@ -124,8 +122,11 @@ def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: 
             continue
         engine.backward(loss * w, scale_wrt_gas=False)
         result.loss += float(loss.detach()) * w / world
+        # stats are token-means over valid tokens: weighted by token share whatever the loss_agg,
+        # so they do not depend on how the update is cut into micro-batches
+        tw = float(mb.response_mask.sum()) / max(total_tokens, 1.0)
         for k, v in stats.items():
-            result.stats[k] = result.stats.get(k, 0.0) + float(v) * w / world
+            result.stats[k] = result.stats.get(k, 0.0) + float(v) * tw
     keys = sorted(result.stats)
     # metrics of the global batch, and whether any rank had a non-finite loss
     summed = global_sum([result.loss, float(bad_loss)] + [result.stats[k] for k in keys])
@@ -167,11 +168,39 @@ def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: 
     return result
 
 
-def response_logits(model, mb: Experience, temperature: float) -> torch.Tensor:
-    """Logits that predict each response token: (b, T, V) float32, divided by temperature."""
+def response_logits(model, mb: Experience, temperature: float = 1.0, shared: bool = False) -> torch.Tensor:
+    """Logits that predict each response token: (b, T, V) in the model's dtype, divided by
+    `temperature` (a view without a copy at temperature 1). `shared`: each distinct prompt of
+    the micro-batch is computed once and its responses run on its cached keys/values
+    (`shared_prompt`; exact)."""
+    if shared:
+        from .shared_prompt import shared_response_logits
+
+        logits = shared_response_logits(model, mb, 1.0)                             # (b, T, V)
+    else:
+        T = mb.response_ids.shape[1]
+        logits = model(**mb.model_inputs(), use_cache=False, logits_to_keep=T + 1).logits[:, :-1]
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def response_values(critic, mb: Experience, shared: bool = False) -> torch.Tensor:
+    """(b, T) float32 critic values before each response token."""
+    if shared:
+        from .shared_prompt import shared_response_values
+
+        return shared_response_values(critic, mb).float()
     T = mb.response_ids.shape[1]
-    out = model(**mb.model_inputs(), use_cache=False, logits_to_keep=T + 1)
-    return out.logits[:, :-1].float() / temperature
+    return critic(**mb.model_inputs())[:, -T - 1:-1].float()
+
+
+def use_shared_prompts(recipe, model) -> bool:
+    """Whether the passes compute each prompt once per group (`train.share_prompts` and a model
+    whose cache we can vouch for; see `shared_prompt.shared_prompt_reason`)."""
+    if not recipe.train.share_prompts or recipe.algorithm.group_size < 2:
+        return False
+    from .shared_prompt import shared_prompt_reason
+
+    return shared_prompt_reason(model) is None
 
 
 def make_actor_loss(actor, recipe, knobs: Knobs, correction: str = "none",
@@ -187,21 +216,20 @@ def make_actor_loss(actor, recipe, knobs: Knobs, correction: str = "none",
     algo = recipe.algorithm
     temperature = recipe.logprob_temperature
     norm_len = recipe.rollout.max_new_tokens   # Dr.GRPO's constant (seq-mean-token-sum-norm)
+    shared = use_shared_prompts(recipe, actor)
 
     def loss_fn(mb: Experience):
         mask = mb.response_mask                                        # (b, T)
-        logits = response_logits(actor, mb, temperature)               # (b, T, V)
-        logp = logprobs_from_logits(logits, mb.response_ids)           # (b, T)
-        if knobs.entropy_coef > 0:
-            entropy = entropy_from_logits(logits)                      # (b, T)
-        else:
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach())
+        logits = response_logits(actor, mb, shared=shared)             # (b, T, V) at temperature 1
+        # fused log-prob + entropy at the log-prob temperature (no float32 copy of the logits)
+        logp, entropy = token_logprobs_entropy(logits, mb.response_ids, temperature)    # (b, T), (b, T)
+        if knobs.entropy_coef <= 0:
+            entropy = entropy.detach()                                 # logged only
         behavior = mb.behavior_logp
         if behavior is None:
             behavior = logp.detach()
             if behavior_sink is not None:
-                behavior_sink[mb.index] = behavior * mask
+                behavior_sink[mb.index, :mask.shape[1]] = behavior * mask
         weights = None
         if correction != "none" and mb.rollout_logp is not None:
             weights, _ = rollout_correction_weights(behavior, mb.rollout_logp, mask, correction,
@@ -218,7 +246,7 @@ def make_actor_loss(actor, recipe, knobs: Knobs, correction: str = "none",
             kl_t = kl_estimate(logp, mb.ref_logp, algo.kl.estimator)   # (b, T)
             kl_term = aggregate(kl_t, mask, algo.loss_agg, norm_len)
             loss = loss + knobs.kl_coef * kl_term
-            stats["kl_loss"] = float(kl_term.detach())
+            stats["kl_loss"] = float(aggregate(kl_t.detach(), mask, "token-mean"))   # per token
         return loss, stats
 
     return loss_fn
@@ -227,10 +255,10 @@ def make_actor_loss(actor, recipe, knobs: Knobs, correction: str = "none",
 def make_critic_loss(critic, recipe):
     algo = recipe.algorithm
     norm_len = recipe.rollout.max_new_tokens
+    shared = use_shared_prompts(recipe, critic)
 
     def loss_fn(mb: Experience):
-        T = mb.response_ids.shape[1]
-        values = critic(**mb.model_inputs())[:, -T - 1:-1].float()    # (b, T) value before each token
+        values = response_values(critic, mb, shared)                   # (b, T) value before each token
         loss, stats = value_loss(values, mb.old_values, mb.returns, mb.response_mask, algo.value_clip,
                                  agg=algo.loss_agg, norm_len=norm_len)
         return loss, {k: float(v) for k, v in stats.items()}
@@ -239,20 +267,19 @@ def make_critic_loss(critic, recipe):
 
 
 @torch.no_grad()
-def forward_logp(model, exp: Experience, temperature: float, micro: int) -> torch.Tensor:
-    """(B, T) log-probs of the response tokens, without autograd, in micro-batches."""
+def forward_logp(model, exp: Experience, temperature: float, micro: int, group: int = 1,
+                 shared: bool = False) -> torch.Tensor:
+    """(B, T) log-probs of the response tokens, without autograd, in length-sorted, trimmed
+    micro-batches (groups of `group` rows kept together for the shared-prompt pass)."""
     out = []
-    for i in range(0, exp.size, micro):
-        mb = exp.select(torch.arange(i, min(i + micro, exp.size)))
-        out.append(logprobs_from_logits(response_logits(model, mb, temperature), mb.response_ids))
-    return torch.cat(out) * exp.response_mask
+    for mb in passes(exp, micro, group):
+        logits = response_logits(model, mb, shared=shared)                           # (b, T', V)
+        out.append((mb, token_logprobs_entropy(logits, mb.response_ids, temperature)[0]))
+    return scatter(out, exp.response_mask) * exp.response_mask
 
 
 @torch.no_grad()
-def forward_values(critic, exp: Experience, micro: int) -> torch.Tensor:
-    out = []
-    T = exp.response_ids.shape[1]
-    for i in range(0, exp.size, micro):
-        mb = exp.select(torch.arange(i, min(i + micro, exp.size)))
-        out.append(critic(**mb.model_inputs())[:, -T - 1:-1].float())
-    return torch.cat(out) * exp.response_mask
+def forward_values(critic, exp: Experience, micro: int, group: int = 1, shared: bool = False) -> torch.Tensor:
+    """(B, T) critic values before each response token, without autograd."""
+    out = [(mb, response_values(critic, mb, shared)) for mb in passes(exp, micro, group)]
+    return scatter(out, exp.response_mask) * exp.response_mask

@@ -1,0 +1,144 @@
+"""Shared-prompt forward passes: each distinct prompt of a micro-batch is computed once.
+
+GRPO samples every prompt `group_size` times, so a micro-batch holds the same prompt on
+several rows and the plain passes (`update.response_logits`, the critic's values) recompute
+it on each. Here (cf. "Prefix Grouper", arXiv:2506.05433) one forward runs the u distinct
+prompts with a KV cache, the cache is expanded to the b rows by indexing (an autograd op:
+the graph is kept), and a second forward runs the response tokens on top of it.
+
+Why it is exact: in a decoder-only model with full causal attention a prompt token never
+attends to response tokens, so its keys/values are the same whether computed alone or with
+a response behind it; the response tokens attend to those same keys/values with the same
+attention mask and the same position ids as `Experience.model_inputs` gives them. Prompt
+columns that are padding in every distinct row are dropped: padded keys are masked out and
+add 0 to the position count. In backward, the indexing sums the gradients of every row of a
+group into its prompt's keys/values, which is what the unshared pass computes row by row.
+Results therefore match the unshared pass up to float rounding (different kernel shapes).
+
+It relies on HF's DynamicCache (transformers 5.x) holding every layer's keys/values, so
+`shared_prompt_reason` allows only model types and settings that were checked.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..rollout.experience import Experience
+
+# decoder-only, full causal attention, DynamicCache: checked against the unshared passes
+VERIFIED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # llama includes SmolLM/SmolLM2
+VERIFIED_ATTENTION = ("sdpa", "eager")
+
+
+def _unwrap(model):
+    """The nn.Module inside a DeepSpeed engine (`.module`), or the module itself."""
+    return getattr(model, "module", model)
+
+
+def shared_prompt_reason(model) -> str | None:
+    """None when the shared-prompt passes are exact for `model` (a causal LM, a ValueModel, or
+    a DeepSpeed engine around either), else a one-line reason why they are not used."""
+    m = _unwrap(model)
+    m = getattr(m, "backbone", m)   # ValueModel: the transformer under the value head
+    config = getattr(m, "config", None)
+    if config is None:
+        return "not a Hugging Face model (no config)"
+    if getattr(config, "is_encoder_decoder", False):
+        return "encoder-decoder model"
+    model_type = getattr(config, "model_type", None)
+    if model_type not in VERIFIED_MODEL_TYPES:
+        return f"model type {model_type!r} not verified for shared-prompt passes ({', '.join(VERIFIED_MODEL_TYPES)})"
+    if getattr(m, "is_gradient_checkpointing", False):
+        # HF's checkpointed layers drop past_key_values in training: the cache would stay empty
+        return "gradient checkpointing is on (Hugging Face disables the KV cache under it)"
+    if getattr(config, "sliding_window", None) is not None:
+        return f"sliding-window attention (sliding_window={config.sliding_window})"
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return f"not full attention in every layer ({sorted(set(layer_types))})"
+    attn = getattr(config, "_attn_implementation", None)
+    if attn not in VERIFIED_ATTENTION:
+        return f"attention implementation {attn!r} not verified ({', '.join(VERIFIED_ATTENTION)})"
+    return None
+
+
+def distinct_prompts(mb: Experience) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distinct prompt rows of a micro-batch (same ids and same mask), as
+    (uniq_ids (u, P'), uniq_mask (u, P'), inverse (b,)) with row i == uniq row inverse[i] and
+    the prompt columns that are padding in every distinct row dropped (P' <= P)."""
+    P = mb.prompt_width
+    rows = torch.cat([mb.prompt_ids, mb.prompt_mask.long()], dim=1)        # (b, 2P)
+    uniq, inverse = torch.unique(rows, dim=0, return_inverse=True)         # (u, 2P), (b,)
+    uniq_ids, uniq_mask = uniq[:, :P], uniq[:, P:]                         # (u, P) each
+    used = uniq_mask.bool().any(dim=0)                                     # (P,) column real in some row
+    uniq_ids, uniq_mask = uniq_ids[:, used], uniq_mask[:, used]            # (u, P')
+    if uniq_mask.shape[1] == 0 or not bool(uniq_mask[:, -1].all()):
+        raise ValueError("shared-prompt passes need left-padded, non-empty prompts")
+    return uniq_ids, uniq_mask, inverse
+
+
+def _inputs(mb: Experience):
+    """Both passes' inputs, numbered as `Experience.model_inputs` numbers the full sequence.
+
+    Returns (uniq_ids (u, P'), uniq_mask (u, P'), prompt_pos (u, P'), inverse (b,),
+    resp_ids (b, T-1), resp_attention (b, P'+T-1), resp_pos (b, T-1)): the response pass
+    takes response tokens 0..T-2 only (token T-1 predicts nothing we keep)."""
+    uniq_ids, uniq_mask, inverse = distinct_prompts(mb)
+    P, T = uniq_ids.shape[1], mb.response_ids.shape[1]
+    prompt_pos = (uniq_mask.cumsum(dim=1) - 1).clamp(min=0)                          # (u, P')
+    attention = torch.cat([uniq_mask[inverse], mb.response_mask.long()], dim=1)      # (b, P'+T)
+    position = (attention.cumsum(dim=1) - 1).clamp(min=0)                            # (b, P'+T)
+    resp_ids = mb.response_ids[:, : T - 1]                                           # (b, T-1)
+    return (uniq_ids, uniq_mask, prompt_pos, inverse,
+            resp_ids, attention[:, : P + T - 1], position[:, P: P + T - 1])
+
+
+def _expand_cache(cache, inverse: torch.Tensor, prompt_len: int):
+    """The prompt cache (u rows) indexed to the micro-batch's b rows, in place; autograd kept."""
+    if cache is None or cache.get_seq_length() != prompt_len:
+        # e.g. gradient checkpointing in training: HF returns an empty cache instead of failing
+        raise RuntimeError("the prompt pass returned no KV cache; see shared_prompt_reason")
+    cache.batch_select_indices(inverse)   # every layer: keys/values (u, H, P', D) -> (b, H, P', D)
+    return cache
+
+
+def shared_response_logits(model, mb: Experience, temperature: float = 1.0) -> torch.Tensor:
+    """Logits that predict each response token: (b, T, V) in the model's dtype at temperature 1
+    (no copy: the fused log-prob pass applies the temperature), else float32 divided by it;
+    equal to `update.response_logits` with each distinct prompt computed once (also right,
+    just not cheaper, when no prompt repeats)."""
+    T = mb.response_ids.shape[1]
+    uniq_ids, uniq_mask, prompt_pos, inverse, resp_ids, resp_attention, resp_pos = _inputs(mb)
+    # the last prompt position's logits predict response token 0
+    out = model(input_ids=uniq_ids, attention_mask=uniq_mask, position_ids=prompt_pos,
+                use_cache=True, logits_to_keep=1)
+    logits = out.logits[inverse]                                                   # (b, 1, V)
+    if T > 1:
+        cache = _expand_cache(out.past_key_values, inverse, uniq_ids.shape[1])
+        rest = model(input_ids=resp_ids, attention_mask=resp_attention, position_ids=resp_pos,
+                     past_key_values=cache, use_cache=True).logits                 # (b, T-1, V)
+        logits = torch.cat([logits, rest], dim=1)                                  # (b, T, V)
+    return logits if temperature == 1.0 else logits.float() / temperature
+
+
+def shared_response_values(critic, mb: Experience) -> torch.Tensor:
+    """The critic's value before each response token: (b, T) float32, equal to
+    `critic(**mb.model_inputs())[:, -T-1:-1]` (last prompt position, then response 0..T-2).
+
+    `critic` is a ValueModel or a DeepSpeed engine around one; both passes go through its
+    forward with a cache it fills in place."""
+    from transformers import DynamicCache
+
+    vm = _unwrap(critic)
+    T = mb.response_ids.shape[1]
+    uniq_ids, uniq_mask, prompt_pos, inverse, resp_ids, resp_attention, resp_pos = _inputs(mb)
+    cache = DynamicCache(config=vm.backbone.config)
+    prompt_values = critic(input_ids=uniq_ids, attention_mask=uniq_mask, position_ids=prompt_pos,
+                           past_key_values=cache)                                  # (u, P')
+    values = prompt_values[:, -1:][inverse]                                        # (b, 1)
+    if T > 1:
+        cache = _expand_cache(cache, inverse, uniq_ids.shape[1])
+        rest = critic(input_ids=resp_ids, attention_mask=resp_attention, position_ids=resp_pos,
+                      past_key_values=cache)                                       # (b, T-1)
+        values = torch.cat([values, rest], dim=1)                                  # (b, T)
+    return values.float()

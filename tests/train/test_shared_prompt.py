@@ -1,0 +1,242 @@
+"""Shared-prompt passes (train/shared_prompt.py) equal the plain passes: logits, values and
+gradients, on tiny llama / qwen2 models, plain modules and DeepSpeed engines."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rltune.rollout.experience import Experience
+
+P, T, GROUP = 7, 6, 4
+TEMPERATURE = 0.7
+
+
+def _batch(seed=0, prompt_lengths=(3, 5, 6), group=GROUP, T=T, full=False):
+    """Groups of `group` rows per prompt, prompts left-padded to P (column 0 is padding in
+    every row), responses of different lengths right-padded to T (`full`: all T long), rows
+    shuffled."""
+    g = torch.Generator().manual_seed(seed)
+    ids, mask = [], []
+    for n in prompt_lengths:
+        pad = torch.zeros(P - n, dtype=torch.long)
+        ids.append(torch.cat([pad, torch.randint(4, 60, (n,), generator=g)]))
+        mask.append(torch.cat([pad, torch.ones(n, dtype=torch.long)]))
+    prompt_ids = torch.stack(ids).repeat_interleave(group, 0)        # (b, P)
+    prompt_mask = torch.stack(mask).repeat_interleave(group, 0)      # (b, P)
+    b = prompt_ids.shape[0]
+    lengths = torch.randint(1, T + 1, (b,), generator=g)
+    lengths[0] = T                                                   # one full-length response
+    if full:
+        lengths[:] = T
+    response_mask = (torch.arange(T)[None, :] < lengths[:, None]).float()           # (b, T)
+    response_ids = torch.randint(4, 60, (b, T), generator=g) * response_mask.long()  # pad id 0
+    perm = torch.randperm(b, generator=g)                            # groups not contiguous
+    return Experience(prompt_ids=prompt_ids[perm], prompt_mask=prompt_mask[perm],
+                      response_ids=response_ids[perm], response_mask=response_mask[perm],
+                      advantages=torch.randn(b, T, generator=g) * response_mask[perm])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matrices: one intra-op thread is 50x faster than two on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+BATCHES = {"groups": lambda: _batch(), "all-distinct": lambda: _batch(1, (2, 3, 4, 5, 6, 7), group=1),
+           "one-token": lambda: _batch(2, T=1), "two-tokens": lambda: _batch(5, T=2),
+           # no padding anywhere: HF may drop the mask; the response pass must not be top-left causal
+           "no-padding": lambda: _batch(6, (P, P), full=True)}
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen2"])
+def lm(request):
+    from rltune.models.loading import load_causal_lm
+
+    return load_causal_lm(f"builtin:{request.param}", "fp32", "sdpa")
+
+
+@pytest.fixture(scope="module")
+def critic():
+    from rltune.engine.roles import ValueModel
+    from rltune.models.loading import load_backbone
+
+    torch.manual_seed(0)
+    return ValueModel(load_backbone("builtin:tiny-qwen2", "fp32", "sdpa"))
+
+
+def _loss(logits, mb):
+    from rltune.algo import logprobs_from_logits
+
+    return (logprobs_from_logits(logits, mb.response_ids) * mb.advantages * mb.response_mask).sum()
+
+
+def _assert_grad_close(actual, expected, name=""):
+    """rtol 1e-4, atol 1e-6 or 1e-5 x the tensor's largest gradient: sums that cancel leave
+    float rounding of up to ~1e-6 x max|g| on single elements (seen: 2.3e-6 on a 1.6e-3
+    element of a critic gradient whose largest entry is ~3)."""
+    atol = max(1e-6, 1e-5 * float(expected.abs().max()))
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=atol, msg=name or None)
+
+
+def _grads(model, loss):
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.autograd.grad(loss, params, allow_unused=True)
+
+
+def test_distinct_prompts_trims_and_inverts():
+    from rltune.train.shared_prompt import distinct_prompts
+
+    mb = _batch()
+    ids, mask, inverse = distinct_prompts(mb)
+    assert ids.shape == mask.shape == (3, P - 1) and inverse.shape == (mb.size,)
+    assert torch.equal(ids[inverse], mb.prompt_ids[:, 1:]) and torch.equal(mask[inverse], mb.prompt_mask[:, 1:])
+    assert not mb.prompt_mask[:, 0].any()
+
+
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_logits_equal_the_plain_pass(lm, batch):
+    from rltune.train.shared_prompt import shared_prompt_reason, shared_response_logits
+    from rltune.train.update import response_logits
+
+    assert shared_prompt_reason(lm) is None
+    mb = BATCHES[batch]()
+    with torch.no_grad():
+        plain = response_logits(lm, mb, TEMPERATURE)
+        shared = shared_response_logits(lm, mb, TEMPERATURE)
+    assert shared.dtype == torch.float32 and shared.shape == plain.shape
+    torch.testing.assert_close(shared, plain, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type,attn", [("qwen3", "sdpa"), ("mistral", "sdpa"), ("llama", "eager")])
+def test_other_allowed_model_types(model_type, attn):
+    """The other allowed types and attention, as tiny random models (mistral without a sliding
+    window)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rltune.train.shared_prompt import shared_prompt_reason, shared_response_logits
+    from rltune.train.update import response_logits
+
+    extra = {"sliding_window": None} if model_type == "mistral" else {}
+    config = AutoConfig.for_model(model_type, vocab_size=64, hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                  attn_implementation=attn, **extra)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    assert shared_prompt_reason(model) is None and model.config._attn_implementation == attn
+    mb = _batch(7)
+    with torch.no_grad():
+        torch.testing.assert_close(shared_response_logits(model, mb, TEMPERATURE),
+                                   response_logits(model, mb, TEMPERATURE), rtol=0, atol=1e-5)
+
+
+def test_gradients_equal_the_plain_pass(lm):
+    from rltune.train.shared_prompt import shared_response_logits
+    from rltune.train.update import response_logits
+
+    mb = _batch(3)
+    plain = _grads(lm, _loss(response_logits(lm, mb, TEMPERATURE), mb))
+    shared = _grads(lm, _loss(shared_response_logits(lm, mb, TEMPERATURE), mb))
+    assert any(g is not None and g.abs().sum() > 0 for g in plain)
+    for a, b in zip(plain, shared):
+        assert (a is None) == (b is None)
+        if a is not None:
+            _assert_grad_close(b, a)
+
+
+@pytest.mark.parametrize("batch", ["groups", "all-distinct"])
+def test_values_and_gradients_equal_the_plain_pass(critic, batch):
+    from rltune.train.shared_prompt import shared_prompt_reason, shared_response_values
+
+    assert shared_prompt_reason(critic) is None
+    mb = BATCHES[batch]()
+    plain = critic(**mb.model_inputs())[:, -T - 1:-1].float()
+    shared = shared_response_values(critic, mb)
+    torch.testing.assert_close(shared, plain, rtol=0, atol=1e-5)
+    grads_plain = _grads(critic, (plain * mb.advantages).sum())
+    grads_shared = _grads(critic, (shared * mb.advantages).sum())
+    for a, b in zip(grads_plain, grads_shared):
+        _assert_grad_close(b, a)
+
+
+def test_reason_refuses_what_is_not_exact(lm):
+    from transformers import AutoModelForCausalLM, GPT2Config, MistralConfig
+
+    from rltune.train.shared_prompt import shared_prompt_reason, shared_response_logits
+
+    lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        assert "gradient checkpointing" in shared_prompt_reason(lm)
+        # HF hands back an empty cache in training under checkpointing: refused, not wrong
+        lm.train()
+        with pytest.raises(RuntimeError, match="no KV cache"):
+            shared_response_logits(lm, _batch(), TEMPERATURE)
+    finally:
+        lm.gradient_checkpointing_disable()
+        lm.eval()
+    assert shared_prompt_reason(lm) is None
+
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                 num_attention_heads=2, num_key_value_heads=1)
+    windowed = AutoModelForCausalLM.from_config(MistralConfig(sliding_window=16, **small))
+    assert "sliding" in shared_prompt_reason(windowed)
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2))
+    assert "gpt2" in shared_prompt_reason(gpt2)
+    assert shared_prompt_reason(torch.nn.Linear(2, 2)) is not None
+
+
+def test_deepspeed_zero3_engines_match_the_plain_pass(monkeypatch):
+    """Two forwards (prompt, responses) before one backward, through ZeRO-3 engines: the actor
+    called as the engine, the critic's backbone and value head called inside the engine.
+    Persistence threshold 0: the tiny parameters are released after each module's forward
+    and gathered again (by default ZeRO-3 keeps parameters under 1e5 elements gathered)."""
+    from deepspeed.utils import safe_get_full_grad
+
+    from rltune.engine import roles
+    from rltune.engine.distributed import init_distributed
+    from rltune.recipe.schema import Recipe
+    from rltune.train.shared_prompt import shared_prompt_reason, shared_response_logits, shared_response_values
+    from rltune.train.update import response_logits
+
+    plain_config = roles.ds_config
+
+    def ds_config(*args, **kwargs):
+        cfg = plain_config(*args, **kwargs)
+        cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+        return cfg
+
+    monkeypatch.setattr(roles, "ds_config", ds_config)
+    init_distributed("cpu")
+    r = Recipe.model_validate({
+        "model": {"policy": "builtin:tiny-llama"}, "data": {"train": "builtin:arithmetic"},
+        "reward": {"functions": ["builtin:format"]}, "algorithm": {"name": "ppo"},
+        "actor": {"zero_stage": 3}, "critic": {"zero_stage": 3},
+        "rollout": {"batch_size": 8}, "train": {"batch_size": 8, "micro_batch_size": 8}})
+    mb = _batch(4)
+
+    def grads(engine):
+        return {n: safe_get_full_grad(p).clone() for n, p in engine.module.named_parameters()}
+
+    def check(build, forward_plain, forward_shared, loss):
+        torch.manual_seed(0)
+        plain_engine = build(r, "cpu", 10)
+        torch.manual_seed(0)                      # the same value head
+        shared_engine = build(r, "cpu", 10)
+        assert shared_prompt_reason(shared_engine) is None
+        assert all(p.numel() == 0 for p in shared_engine.module.parameters())   # partitioned, released
+        plain, shared = forward_plain(plain_engine), forward_shared(shared_engine)
+        torch.testing.assert_close(shared, plain, rtol=0, atol=1e-5)
+        plain_engine.backward(loss(plain), scale_wrt_gas=False)
+        shared_engine.backward(loss(shared), scale_wrt_gas=False)
+        a, b = grads(plain_engine), grads(shared_engine)
+        for n in a:
+            _assert_grad_close(b[n], a[n], n)
+        shared_engine.step()
+
+    check(roles.build_actor, lambda e: response_logits(e, mb, TEMPERATURE),
+          lambda e: shared_response_logits(e, mb, TEMPERATURE), lambda logits: _loss(logits, mb))
+    check(roles.build_critic, lambda e: e(**mb.model_inputs())[:, -T - 1:-1].float(),
+          lambda e: shared_response_values(e, mb), lambda v: (v * mb.advantages).sum())
