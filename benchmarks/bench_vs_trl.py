@@ -200,7 +200,7 @@ def main() -> None:
             res = run_rltune(arg, a.steps, out) if kind == "rltune" else run_trl(arg, a.steps, out, a.trl_python)
             runs[s].append(res)
             print(f"round {rnd} {s}: step {res['step_s']:.2f} s (median of steps 2..{res['steps']}), "
-                  f"wall {res['wall_s']:.0f} s, peak RSS {res['maxrss_gb']:.2f} GB, "
+                  f"wall {res['wall_s']:.0f} s, peak RSS {res['maxrss_gb']:.2f} GiB, "
                   f"reward {res['reward_first']:.3f} -> {res['reward_last']:.3f}", flush=True)
     load1 = os.getloadavg()[0]
     fl = floor(a)
@@ -235,7 +235,7 @@ def report(a, sides, med, runs, fl, loads) -> None:
     print()
     base = med.get("trl", {}).get("step_s")
     fsum = fl["sum_s"] if fl else None
-    print("| side | step | rollout | reward | reference | old | train | sync | other | peak RSS (GB) | minor faults (M) "
+    print("| side | step | rollout | reward | reference | old | train | sync | other | peak RSS (GiB) | minor faults (M) "
           "| CPU user | CPU sys | gen tok/s | reward step 1 -> last | zero-adv groups | speed vs TRL default | x floor "
           "| step per round | run wall |")
     print("| " + " | ".join(["---"] * 20) + " |")

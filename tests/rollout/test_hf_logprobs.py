@@ -110,12 +110,13 @@ def test_same_values_as_stacking_output_logits(setup):
 
 
 @pytest.mark.parametrize("greedy", [False, True])
-def test_prompts_prefilled_once_per_group_sample_the_same(setup, greedy):
+def test_prompts_prefilled_once_per_group_sample_the_same(setup, greedy, monkeypatch):
     """Each prompt prefilled once for its n samples (the cache repeated) == every row prefilled
     whole: same tokens under the same seed, same log-probs (atol 1e-5); left-padded prompts of
     different lengths."""
     engine, prompts = setup
     assert engine.share_prompts
+    monkeypatch.setattr("rltune.rollout.hf.MIN_SAVED_FLOP", 0.0)   # a tiny model: shared only when forced
     s = Sampling(n=4, temperature=0.9, top_k=0, top_p=1.0, max_new_tokens=12, greedy=greedy)
     out = {}
     for share in (True, False):

@@ -12,6 +12,12 @@ from rltune.recipe.schema import Recipe
 GROUP = 4
 
 
+@pytest.fixture(autouse=True)
+def always_share(monkeypatch):
+    """Tiny models save too little to share prompts by default (`shared_prompt.pays_off`)."""
+    monkeypatch.setattr("rltune.train.shared_prompt.MIN_SAVED_FLOP", 0.0)
+
+
 @pytest.fixture(scope="module")
 def dist():
     from rltune.engine.distributed import init_distributed
@@ -170,3 +176,20 @@ def test_shared_prompt_update_equals_unshared(dist, name):
     for pa, pb in zip(params_a, params_b):
         for n in pa:
             torch.testing.assert_close(pa[n], pb[n], rtol=1e-5, atol=1e-6)
+
+
+def test_sharing_pays_off_only_above_the_flop_threshold(dist):
+    """saved FLOPs = 2 x params x prompt tokens not recomputed per row: a tiny model's 12 repeated
+    prompt rows of ~6 tokens save ~10^7 FLOPs, far below the threshold; at threshold 0 it shares."""
+    import rltune.train.shared_prompt as sp
+    from rltune.engine.roles import build_actor
+
+    actor = build_actor(_recipe(share=True), "cpu", 10)
+    mb = _experience().select(torch.arange(16))
+    n = sum(p.numel() for p in actor.module.parameters())
+    saved = 2.0 * n * (16 - 4) * float(mb.prompt_mask.sum()) / 16
+    assert sp.pays_off(actor, mb) is True                       # threshold 0 (fixture)
+    sp.MIN_SAVED_FLOP = saved + 1.0
+    assert sp.pays_off(actor, mb) is False
+    sp.MIN_SAVED_FLOP = saved
+    assert sp.pays_off(actor, mb) is True

@@ -22,6 +22,7 @@ import torch
 
 from .experience import Experience
 from .base import Sampling, response_mask_from_ids
+from ..train.shared_prompt import MIN_SAVED_FLOP
 
 
 class HFRollout:
@@ -38,7 +39,9 @@ class HFRollout:
         # cache is one we checked (the trainer's shared-prompt passes use the same test)
         from ..train.shared_prompt import shared_prompt_reason
 
+        self.n_params = sum(p.numel() for p in self.model.parameters())
         self.share_prompts = share_prompts and shared_prompt_reason(self.model) is None
+        self.share_weights = True     # see `sync_weights`
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = tokenizer.eos_token_id
@@ -65,7 +68,8 @@ class HFRollout:
             ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[i, P - len(p):] = 1
         kw = {"tokenizer": self.tokenizer} if s.stop else {}
-        if s.n > 1 and P > 1 and self.share_prompts:
+        saved = 2.0 * self.n_params * (s.n - 1) * float(mask.sum())   # FLOPs of prompt tokens not recomputed
+        if s.n > 1 and P > 1 and self.share_prompts and saved >= MIN_SAVED_FLOP:
             kw["past_key_values"] = self._prompt_cache(ids.to(self.device), mask.to(self.device), s.n)
         # n samples per prompt, prompt-major (greedy generate refuses num_return_sequences > 1)
         ids = ids.repeat_interleave(s.n, dim=0).to(self.device)
@@ -120,16 +124,35 @@ class HFRollout:
 
     # -- weights --
     def sync_weights(self, actor) -> float:
-        """Copy the actor's parameters in place (gathered from ZeRO-3 shards when needed)."""
-        from ..engine.weights import iter_full_params
+        """Give the engine the actor's current weights. Where the actor holds them whole, on the
+        engine's device and in its dtype (ZeRO 0-2), the engine's parameters are pointed at the
+        actor's own tensors: no copy, no second set of weights in memory, and the optimizer's
+        in-place updates are what the engine samples with. Otherwise (ZeRO-3 shards, another
+        device or dtype, or `own_copy()`) they are copied in place."""
+        from ..engine.weights import iter_full_params, is_zero3
 
         t0 = time.perf_counter()
         own = dict(self.model.named_parameters())
+        share = self.share_weights and not is_zero3(actor)
         for name, tensor in iter_full_params(actor):
             target = own.get(name)
-            if target is not None:
+            if target is None:
+                continue
+            if share and tensor.device == target.device and tensor.dtype == target.dtype \
+                    and tensor.shape == target.shape:
+                target.data = tensor             # the actor's storage (a detached view)
+            else:
+                if target.data_ptr() == tensor.data_ptr():
+                    target.data = target.data.clone()
                 target.data.copy_(tensor.to(target.device, target.dtype))
         return (time.perf_counter() - t0) * 1000.0
+
+    def own_copy(self) -> None:
+        """Stop sharing the actor's tensors: the engine keeps a copy of the weights it has now and
+        sees new ones only through `sync_weights` (a test of the stale-weight guard needs that)."""
+        self.share_weights = False
+        for p in self.model.parameters():
+            p.data = p.data.clone()
 
 
 class SampledLogprobs:

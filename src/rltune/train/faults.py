@@ -68,6 +68,8 @@ class Faults:
                 return result
 
         c.rewards = Rewards()
+        if "skip_sync" in self.at and hasattr(c.rollout, "own_copy"):
+            c.rollout.own_copy()   # an hf engine sharing the actor's tensors could not go stale
         sync = c.rollout.sync_weights
         c.rollout.sync_weights = lambda actor: 0.0 if self.on("skip_sync") else sync(actor)
 

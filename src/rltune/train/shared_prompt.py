@@ -62,6 +62,29 @@ def shared_prompt_reason(model) -> str | None:
     return None
 
 
+# Below this many FLOPs saved, the second forward call's fixed cost (Python, kernel launches)
+# outweighs the prompt tokens it saves: a tiny model is faster unshared (tiny-llama's PPO step was
+# 34% slower shared on a 2-core CPU; SmolLM2-135M saves ~10^10 per micro-batch and is 26% faster).
+MIN_SAVED_FLOP = 2e9
+
+
+def _param_count(model) -> int:
+    m = _unwrap(model)
+    n = getattr(m, "_rltune_param_count", None)
+    if n is None:   # ZeRO-3 partitions parameters: ds_numel is the full size
+        n = sum(getattr(p, "ds_numel", p.numel()) for p in m.parameters())
+        m._rltune_param_count = n
+    return n
+
+
+def pays_off(model, mb: Experience) -> bool:
+    """Whether computing each prompt once saves more than the extra forward call costs:
+    ~2 x parameters FLOPs per prompt token not recomputed."""
+    distinct = torch.unique(mb.prompt_ids, dim=0).shape[0]
+    saved_tokens = (mb.size - distinct) * float(mb.prompt_mask.sum()) / max(mb.size, 1)
+    return 2.0 * _param_count(model) * saved_tokens >= MIN_SAVED_FLOP
+
+
 def distinct_prompts(mb: Experience) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The distinct prompt rows of a micro-batch (same ids and same mask), as
     (uniq_ids (u, P'), uniq_mask (u, P'), inverse (b,)) with row i == uniq row inverse[i] and

@@ -24,6 +24,7 @@ from ..algo import (
 )
 from ..recipe.knobs import Knobs
 from ..rollout.experience import Experience
+from . import shared_prompt
 from .batching import passes, scatter
 from .collective import global_sum, world_size
 
@@ -173,10 +174,8 @@ def response_logits(model, mb: Experience, temperature: float = 1.0, shared: boo
     `temperature` (a view without a copy at temperature 1). `shared`: each distinct prompt of
     the micro-batch is computed once and its responses run on its cached keys/values
     (`shared_prompt`; exact)."""
-    if shared:
-        from .shared_prompt import shared_response_logits
-
-        logits = shared_response_logits(model, mb, 1.0)                             # (b, T, V)
+    if shared and shared_prompt.pays_off(model, mb):
+        logits = shared_prompt.shared_response_logits(model, mb, 1.0)                             # (b, T, V)
     else:
         T = mb.response_ids.shape[1]
         logits = model(**mb.model_inputs(), use_cache=False, logits_to_keep=T + 1).logits[:, :-1]
@@ -185,10 +184,8 @@ def response_logits(model, mb: Experience, temperature: float = 1.0, shared: boo
 
 def response_values(critic, mb: Experience, shared: bool = False) -> torch.Tensor:
     """(b, T) float32 critic values before each response token."""
-    if shared:
-        from .shared_prompt import shared_response_values
-
-        return shared_response_values(critic, mb).float()
+    if shared and shared_prompt.pays_off(critic, mb):
+        return shared_prompt.shared_response_values(critic, mb).float()
     T = mb.response_ids.shape[1]
     return critic(**mb.model_inputs())[:, -T - 1:-1].float()
 
@@ -198,9 +195,7 @@ def use_shared_prompts(recipe, model) -> bool:
     whose cache we can vouch for; see `shared_prompt.shared_prompt_reason`)."""
     if not recipe.train.share_prompts or recipe.algorithm.group_size < 2:
         return False
-    from .shared_prompt import shared_prompt_reason
-
-    return shared_prompt_reason(model) is None
+    return shared_prompt.shared_prompt_reason(model) is None
 
 
 def make_actor_loss(actor, recipe, knobs: Knobs, correction: str = "none",
