@@ -108,7 +108,11 @@ def main() -> int:
     from rltune.engine.weights import iter_full_params
     from rltune.algo import make_kl_controller
     from rltune.recipe.knobs import Knobs
-    from rltune.train import loop, update
+    from rltune.train import loop, shared_prompt, update
+
+    # the tiny model saves too little for the shared-prompt passes to pay off: force them, so the
+    # matrix (2 ranks, every ZeRO stage, the critic) runs them
+    shared_prompt.MIN_SAVED_FLOP = 0.0
     from rltune.train.setup import Components, resolve_correction
 
     dist = init_distributed("cpu")
