@@ -116,7 +116,7 @@ def test_prompts_prefilled_once_per_group_sample_the_same(setup, greedy, monkeyp
     different lengths."""
     engine, prompts = setup
     assert engine.share_prompts
-    monkeypatch.setattr("rltune.rollout.hf.MIN_SAVED_FLOP", 0.0)   # a tiny model: shared only when forced
+    monkeypatch.setattr("rltune.train.shared_prompt.MIN_SAVED_FLOP", 0.0)   # a tiny model: shared only when forced
     s = Sampling(n=4, temperature=0.9, top_k=0, top_p=1.0, max_new_tokens=12, greedy=greedy)
     out = {}
     for share in (True, False):

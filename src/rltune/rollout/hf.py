@@ -22,7 +22,7 @@ import torch
 
 from .experience import Experience
 from .base import Sampling, response_mask_from_ids
-from ..train.shared_prompt import MIN_SAVED_FLOP
+from ..train.shared_prompt import saves_enough, shared_prompt_reason
 
 
 class HFRollout:
@@ -37,9 +37,6 @@ class HFRollout:
         self.chunk_size = chunk_size  # sequences per generate call (bounds memory)
         # each prompt prefilled once for its n samples (see `_prompt_cache`) where the model's
         # cache is one we checked (the trainer's shared-prompt passes use the same test)
-        from ..train.shared_prompt import shared_prompt_reason
-
-        self.n_params = sum(p.numel() for p in self.model.parameters())
         self.share_prompts = share_prompts and shared_prompt_reason(self.model) is None
         self.share_weights = True     # see `sync_weights`
         eos = self.model.generation_config.eos_token_id
@@ -68,8 +65,7 @@ class HFRollout:
             ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[i, P - len(p):] = 1
         kw = {"tokenizer": self.tokenizer} if s.stop else {}
-        saved = 2.0 * self.n_params * (s.n - 1) * float(mask.sum())   # FLOPs of prompt tokens not recomputed
-        if s.n > 1 and P > 1 and self.share_prompts and saved >= MIN_SAVED_FLOP:
+        if s.n > 1 and P > 1 and self.share_prompts and saves_enough(self.model, (s.n - 1) * float(mask.sum())):
             kw["past_key_values"] = self._prompt_cache(ids.to(self.device), mask.to(self.device), s.n)
         # n samples per prompt, prompt-major (greedy generate refuses num_return_sequences > 1)
         ids = ids.repeat_interleave(s.n, dim=0).to(self.device)

@@ -77,12 +77,16 @@ def _param_count(model) -> int:
     return n
 
 
-def pays_off(model, mb: Experience) -> bool:
-    """Whether computing each prompt once saves more than the extra forward call costs:
-    ~2 x parameters FLOPs per prompt token not recomputed."""
-    distinct = torch.unique(mb.prompt_ids, dim=0).shape[0]
-    saved_tokens = (mb.size - distinct) * float(mb.prompt_mask.sum()) / max(mb.size, 1)
+def saves_enough(model, saved_tokens: float) -> bool:
+    """Whether not recomputing `saved_tokens` prompt tokens (~2 x parameters FLOPs each) saves
+    more than the extra forward call costs."""
     return 2.0 * _param_count(model) * saved_tokens >= MIN_SAVED_FLOP
+
+
+def pays_off(model, mb: Experience) -> bool:
+    """`saves_enough` for a micro-batch: its repeated prompt rows, at their mean length."""
+    distinct = torch.unique(mb.prompt_ids, dim=0).shape[0]
+    return saves_enough(model, (mb.size - distinct) * float(mb.prompt_mask.sum()) / max(mb.size, 1))
 
 
 def distinct_prompts(mb: Experience) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -185,7 +185,7 @@ def response_logits(model, mb: Experience, temperature: float = 1.0, shared: boo
 def response_values(critic, mb: Experience, shared: bool = False) -> torch.Tensor:
     """(b, T) float32 critic values before each response token."""
     if shared and shared_prompt.pays_off(critic, mb):
-        return shared_prompt.shared_response_values(critic, mb).float()
+        return shared_prompt.shared_response_values(critic, mb)
     T = mb.response_ids.shape[1]
     return critic(**mb.model_inputs())[:, -T - 1:-1].float()
 
