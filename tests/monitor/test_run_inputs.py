@@ -1,5 +1,5 @@
 """`plot` / `diagnose` input and output paths (issue 11, item 13): unreadable lines counted right,
-symlink loops named, `plot -o DIR` writes where it says."""
+symlink loops named, `plot --output DIR` writes where it says."""
 
 from __future__ import annotations
 

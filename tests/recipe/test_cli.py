@@ -126,7 +126,7 @@ def test_presets_list_show(cli):
 def test_presets_apply_keeps_comments_and_shows_changes(cli, write, tmp_path):
     path = write("# my run\n" + PPO + "actor:\n  lr: 1.0e-5  # too fast?\nalgorithm2: {}\n".replace("algorithm2: {}\n", ""))
     out_path = tmp_path / "out.yaml"
-    code, out = cli("presets", "apply", "cold-start", path, "-o", str(out_path))
+    code, out = cli("presets", "apply", "cold-start", path, "--output", str(out_path))
     assert code == 0, out
     assert "actor.lr: 1.0e-05 -> 1.0e-06" in out
     assert "critic.lr: unset (default 3.0e-06) -> 3.0e-06" in out

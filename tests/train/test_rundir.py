@@ -389,3 +389,14 @@ def test_resume_path_messages(tmp_path):
     half.mkdir(parents=True)
     with pytest.raises(TrainError, match="did not finish"):
         choose_checkpoint(tmp_path, str(half), log)
+
+
+def test_run_recipe_names_its_source_for_diagnose_patch(finished):
+    """RUN/recipe.yaml starts with `# source: <the user's recipe>`: `diagnose --patch` edits that
+    file (comments kept) instead of writing the resolved recipe."""
+    first = (finished / "recipe.yaml").read_text().splitlines()[0]
+    assert first.startswith("# source: /") and first.endswith(".yaml")
+    from rltune.commands.diagnose import recipe_source
+
+    src = recipe_source(finished)
+    assert src is not None and src.parent == finished.parent.resolve() and src.is_file()

@@ -113,8 +113,43 @@ def shown_events(d: dict) -> list[dict]:
     return [e for e in d["events"] if e["kind"] not in rep or id(e) in keep]
 
 
+SOURCE_TAG = "# source: "   # first lines of RUN_DIR/recipe.yaml: the recipe file the run was started from
+
+
+def recipe_source(run_dir) -> Optional[Path]:
+    """The user's recipe file named by RUN_DIR/recipe.yaml's `# source: PATH` header, if it still exists."""
+    p = Path(run_dir)
+    rp = p / "recipe.yaml" if p.is_dir() else p.parent / "recipe.yaml"
+    try:
+        with open(rp, encoding="utf-8") as f:
+            head = [next(f, "") for _ in range(5)]
+    except OSError:
+        return None
+    for line in head:
+        if line.startswith(SOURCE_TAG):
+            src = Path(line[len(SOURCE_TAG):].strip())
+            return src if src.is_file() else None
+    return None
+
+
+def patch_source(out_path, source: Path, changes: dict) -> tuple[Path, list]:
+    """Write the user's recipe `source` with only `changes` edited in place (comments and layout
+    kept), then lint the result: (path, its error and warning findings)."""
+    from rltune.recipe.yamlio import edit_yaml_text, read_yaml_text
+
+    out_path = Path(out_path)
+    text = edit_yaml_text(read_yaml_text(source, str(source)), changes)
+    from rltune.commands.validate import check_text
+
+    findings = check_text(text, str(out_path), source.parent)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(text, encoding="utf-8")
+    return out_path, findings
+
+
 def write_patch(out_path, raw: Optional[dict], changes: dict) -> tuple[Path, str]:
-    """Write the recipe with `changes` applied; validated when the full recipe is known."""
+    """Write the run's resolved recipe with `changes` applied (when the run does not name its
+    source file); validated when the full recipe is known."""
     import copy
 
     import yaml
@@ -185,6 +220,20 @@ def _print_text(d: dict) -> None:
         con.print("[bold]Also seen[/]: " + ", ".join(f"{a['kind']} (step {a['step']})" for a in d["also"]))
 
 
+def _print_patch(p: dict) -> None:
+    from rltune.recipe.findings import Finding, format_findings
+
+    content = {"source": f"{p['source']} with the changed keys edited in place",
+               "full": "the run's resolved recipe (the run does not name its recipe file)",
+               "changes-only": "changes only: no recipe.yaml in the run"}[p["content"]]
+    print(f"wrote {p['path']} ({len(p['changes'])} change(s); {content})")
+    if p["findings"]:
+        print(format_findings([Finding(**f) for f in p["findings"]], "text"))
+    if p["changes"]:
+        print(f"  next: rltune train {p['path']} --allow-recipe-change (continues the run with the new values), "
+              "or --resume never / a new trainer.output_dir (starts over)")
+
+
 def run(run_dir, fmt: str = "text", patch=None, maps: Sequence[str] = (), source: Optional[str] = None) -> int:
     """Entry point for `rltune diagnose RUN_DIR [--format text|json] [--patch OUT.yaml]
     [--map OUR=THEIRS ...] [--from trl|verl|openrlhf]`; returns the exit code."""
@@ -200,16 +249,26 @@ def run(run_dir, fmt: str = "text", patch=None, maps: Sequence[str] = (), source
     d.pop("_recipe")
     if patch is not None:
         changes = d["verdict"]["changes"] if d["verdict"] else {}
+        from rltune.errors import RecipeInputError
+
+        source = recipe_source(run_dir)
+        findings: list = []
         try:
-            path, kind = write_patch(patch, raw, changes)
+            if source is not None:
+                path, findings = patch_source(patch, source, changes)
+                kind = "source"
+            else:
+                path, kind = write_patch(patch, raw, changes)
         except OSError as e:
             return _err(f"--patch {patch}: cannot write: {e.strerror or e}")
-        d["patch"] = {"path": str(path), "content": kind, "changes": changes}
+        except RecipeInputError as e:
+            return _err(f"--patch {patch}: {e}")
+        d["patch"] = {"path": str(path), "content": kind, "changes": changes,
+                      "source": str(source) if source else None, "findings": [f.to_dict() for f in findings]}
     if fmt == "json":
         print(json.dumps(d, indent=2, default=str))
     else:
         _print_text(d)
         if patch is not None:
-            print(f"wrote {d['patch']['path']} ({len(d['patch']['changes'])} change(s)"
-                  f"{'' if d['patch']['content'] == 'full' else ', changes only: no recipe.yaml in the run'})")
+            _print_patch(d["patch"])
     return 0 if d["verdict"] is None else 1

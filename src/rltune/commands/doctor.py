@@ -410,8 +410,11 @@ def _allreduce_smoke(rep: Report, facts: dict, timeout: float = 60.0):
 
 # ---------------------------------------------------------------- main
 
-def collect(deep: bool = False, rules_path: str | None = None) -> Report:
+def collect(deep: bool = False, rules_path: str | None = None, progress=None) -> Report:
+    """`progress(what)`: called before each check group (importing torch alone takes seconds)."""
+    step = progress or (lambda what: None)
     t0 = time.perf_counter()
+    step("Python and installed packages")
     packages = {name: _dist_version(name) for name in TRACKED}
     rep = Report(python=sys.version.split()[0], platform=platform.platform(), packages=packages)
     facts: dict = {"packages": packages, "torch_build": None, "cuda_available": False,
@@ -420,13 +423,18 @@ def collect(deep: bool = False, rules_path: str | None = None) -> Report:
             f"Python {rep.python} ({sys.executable})",
             "" if sys.version_info >= (3, 10) else "rltune needs Python >= 3.10",
             blocking=sys.version_info < (3, 10))
+    step("torch, CUDA and NCCL")
     torch = _probe_torch(rep, facts)
     if torch is not None:
+        step("transformers")
         _probe_transformers(rep)
+    step("DeepSpeed and its ops")
     _probe_deepspeed(rep, facts, torch is not None)
+    step("vLLM" + (" (importing it)" if deep else ""))
     _probe_vllm(rep, facts, deep)
     _probe_flash_attn(rep, facts, deep)
     if torch is not None:
+        step("multi-GPU all-reduce")
         _allreduce_smoke(rep, facts)
     try:
         rep.known_bad = evaluate_rules(load_rules(rules_path or os.environ.get("RLTUNE_DOCTOR_KNOWN_BAD")), facts)
@@ -482,12 +490,18 @@ def to_json(rep: Report) -> str:
     return json.dumps(d, indent=2)
 
 
+def _progress_line(what: str) -> None:
+    """One line per check group on stderr, so a slow import shows what it is waiting for
+    (stdout keeps only the report: `--format json` stays parseable)."""
+    print(f"rltune doctor: checking {what} ...", file=sys.stderr, flush=True)
+
+
 def run(fmt: str = "text", deep: bool = False, rules_path: str | None = None) -> int:
     """Print the report; returns the exit code (1 only for a blocking problem)."""
     if fmt not in ("text", "json"):
         print(f"error: unknown format {fmt!r} (text | json)", file=sys.stderr)
         return 2
-    rep = collect(deep=deep, rules_path=rules_path)
+    rep = collect(deep=deep, rules_path=rules_path, progress=_progress_line)
     print(to_json(rep) if fmt == "json" else render_text(rep))
     return 1 if rep.blocking else 0
 

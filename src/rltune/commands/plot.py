@@ -1,4 +1,4 @@
-"""`rltune plot RUN_DIR [-o run.png]`: one PNG of a run - reward (+eval), KL with its coefficient,
+"""`rltune plot RUN_DIR [--output run.png]`: one PNG of a run - reward (+eval), KL with its coefficient,
 grad norms, critic loss, entropy, response length, step timings, lr / clipfrac - with the health
 events as labelled vertical lines and the autotune stages as shaded bands.
 
@@ -24,7 +24,7 @@ LABELS_PER_KIND = 4    # event labels on the reward panel, per kind (each names 
 LABEL_ALL = 12         # up to this many events each gets a label; more: summarised per kind
 LABEL_GAP = 0.25       # labels of a kind at least this share of the step range apart; closer ones stack
 DENSE_EVENTS = 200     # more events than this: drawn as ticks along the top of each panel
-DEFAULT_NAME = "plot.png"   # `-o DIR/`: the file written inside DIR
+DEFAULT_NAME = "plot.png"   # `--output DIR/`: the file written inside DIR
 
 
 def downsample_indices(ys, max_points: int = MAX_POINTS) -> list[int]:
@@ -279,7 +279,7 @@ def output_path(out, base: Path) -> Path:
 
 
 def run(run_dir, out=None, maps: Sequence[str] = (), source: Optional[str] = None) -> int:
-    """Entry point for `rltune plot RUN_DIR [-o run.png]`; returns the exit code."""
+    """Entry point for `rltune plot RUN_DIR [--output run.png]`; returns the exit code."""
     from rltune.monitor.detectors import HealthMonitor
     from rltune.monitor.runlog import RunLogError, load_recipe, parse_maps, read_events, read_metrics
 

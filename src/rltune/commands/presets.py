@@ -1,4 +1,4 @@
-"""`rltune presets [list | show NAME | apply NAME RECIPE [-o OUT]]`."""
+"""`rltune presets [list | show NAME | apply NAME RECIPE [--output OUT]]`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def run_list() -> int:
     width = max((len(n) for n in names), default=0)
     for n in names:
         print(f"{n:<{width}}  {preset_summary(n)}")
-    print("\nshow one: rltune presets show NAME; apply one: rltune presets apply NAME RECIPE -o OUT;"
+    print("\nshow one: rltune presets show NAME; apply one: rltune presets apply NAME RECIPE --output OUT;"
           " or add `preset: NAME` to a recipe")
     return 0
 

@@ -13,7 +13,8 @@ def run(recipe_path: str, overrides: list[str], resume: str = "auto", allow_reci
         command: list[str] | None = None) -> int:
     """`command`: the user's arguments after `rltune train` (the resume hint repeats them);
     built from the other arguments when not given."""
-    from rltune.recipe import check, format_findings, has_errors
+    from rltune.commands.validate import check_all
+    from rltune.recipe import format_findings, has_errors
     from rltune.train.rundir import COMMAND_ENV
 
     if "RLTUNE_LAUNCHED" in os.environ and COMMAND_ENV in os.environ:
@@ -32,14 +33,16 @@ def run(recipe_path: str, overrides: list[str], resume: str = "auto", allow_reci
         overrides = list(overrides) + [f"trainer.nnodes={nnodes}"]
     if launcher is not None:
         overrides = list(overrides) + [f"trainer.launcher={launcher}"]
-    recipe, findings = check(recipe_path, overrides, strict=strict)
+    recipe, findings = check_all(recipe_path, overrides, strict=strict)
     is_child = "RLTUNE_LAUNCHED" in os.environ
     shown = [f for f in findings if f.severity in ("error", "warning")]
     if shown and not is_child:
         print(format_findings(shown, "text"), file=sys.stderr)
     if recipe is None or has_errors(findings):
-        print(f"rltune: {recipe_path}: the recipe has errors; not training (see `rltune validate {recipe_path}`)",
-              file=sys.stderr)
+        import shlex
+
+        again = shlex.join(["rltune", "validate", str(recipe_path), *overrides])
+        print(f"rltune: {recipe_path}: the recipe has errors; not training (see `{again}`)", file=sys.stderr)
         return 1
     world = recipe.trainer.nproc * recipe.trainer.nnodes
     if world > 1 and not is_child and "LOCAL_RANK" not in os.environ:

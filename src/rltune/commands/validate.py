@@ -90,12 +90,38 @@ def plan_lines(recipe) -> list:
     return lines
 
 
+def check_all(path, overrides, strict: bool = False, files: bool = False) -> tuple:
+    """rltune.recipe.check, plus the lint rules over what the schema left when it rejected
+    the recipe (loader.lint_partial): every problem in one run. (recipe or None, findings)."""
+    from rltune.recipe.api import lint
+    from rltune.recipe.findings import sort_findings, strictify
+    from rltune.recipe.loader import lint_partial, load_recipe
+
+    res = load_recipe(path, overrides)
+    findings = list(res.findings) + lint(res) + lint_partial(res)
+    if files:
+        from rltune.recipe.files import check_files
+
+        findings += check_files(res)
+    if strict:
+        findings = strictify(findings)
+    schema = [f for f in findings if f.rule == "schema"]   # schema problems first, then the rest
+    return res.recipe, schema + sort_findings(f for f in findings if f.rule != "schema")
+
+
+def check_text(text: str, source: str, base_dir=None) -> list:
+    """The schema and lint errors and warnings of recipe `text` (files not checked)."""
+    from rltune.recipe.api import lint
+    from rltune.recipe.loader import lint_partial, load_recipe_text
+
+    res = load_recipe_text(text, source, base_dir=base_dir)
+    return [f for f in list(res.findings) + lint(res) + lint_partial(res) if f.severity in ("error", "warning")]
+
+
 def run(args: List[str], overrides: List[str], *, strict: bool = False, fmt: str = "text",
         skip_files: bool = False) -> int:
     """Exit 2 when a recipe, or a file it names (data, model, reward: rule `input`), cannot be
     read; else 1 with errors; else 0. `skip_files`: lint only (a template without its files)."""
-    from rltune.recipe.api import check
-
     if fmt not in FORMATS:
         print(f"rltune validate: unknown --format {fmt!r}; use one of: {', '.join(FORMATS)}", file=sys.stderr)
         return 2
@@ -110,7 +136,7 @@ def run(args: List[str], overrides: List[str], *, strict: bool = False, fmt: str
     unreadable = errors = False
     for i, path in enumerate(files):
         try:
-            recipe, findings = check(path, overrides, strict=strict, files=not skip_files)
+            recipe, findings = check_all(path, overrides, strict=strict, files=not skip_files)
         except RecipeInputError as e:
             unreadable = True
             f = input_finding(e, path)

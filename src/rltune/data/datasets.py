@@ -1,4 +1,4 @@
-"""Load prompt rows from a file or a builtin task.
+"""Load prompt rows from a file, an `hf:` dataset (data.hub) or a builtin task.
 
 A row is a dict: the prompt column (text, or a list of chat messages) plus any extra
 columns, which are handed to reward functions as keyword arguments (e.g. `answer`).
@@ -35,7 +35,8 @@ class DataError(UserError):
 
 
 def _fail(spec: str, where: str, problem: str, fix: str) -> DataError:
-    return DataError(f"data file {spec}{', ' + where if where else ''}: {problem}", fix)
+    kind = "dataset" if spec.startswith("hf:") else "data file"
+    return DataError(f"{kind} {spec}{', ' + where if where else ''}: {problem}", fix)
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,10 @@ def prompt_problem(value: Any, prompt_key: str, fmt: str) -> Optional[tuple[str,
         if fmt == "parquet":
             return (f"{k!r} is a {type(value).__name__} ({shown}), not text",
                     f"store the column as strings (e.g. df[{k!r}] = df[{k!r}].astype(str)) and save again")
+        if fmt == "hf":
+            return (f"{k!r} is a {type(value).__name__} ({shown}), not text",
+                    f"set data.prompt_key to a text column, or convert it (ds.map(lambda r: {{{k!r}: str(r[{k!r}])}})) "
+                    "and save_to_disk")
         return f"{k!r} is a {'boolean' if isinstance(value, bool) else 'number'} ({shown}), not text", \
             f'write it as a string: "{k}": "{value if not isinstance(value, bool) else shown}"'
     if isinstance(value, (list, tuple)):
@@ -315,19 +320,34 @@ def read_rows(path: Path, spec: str, prompt_key: str = "prompt", *,
                 rows, where = _csv_rows(text, spec, prompt_key, partial)
     except OSError as e:
         raise _fail(spec, "", f"cannot be read: {e.strerror or e}", "check the file's permissions") from None
-    if not rows and not (max_bytes is not None and fmt == "parquet"):
+    check_rows(rows, where, prompt_key, spec, fmt)
+    return rows, where
+
+
+def check_rows(rows: list[dict], where: list[str], prompt_key: str, spec: str, fmt: str) -> None:
+    """The checks every source's rows get (a data file's, an hf: dataset's): some rows, the prompt
+    column present, every prompt text or chat messages. Raises DataError."""
+    if not rows:
         raise _fail(spec, "", "no rows", f"add rows with a {prompt_key!r} field")
-    if fmt != "csv" and rows and not any(prompt_key in r for r in rows):
+    if fmt != "csv" and not any(prompt_key in r for r in rows):
         cols = list(dict.fromkeys(k for r in rows[:100] for k in r))
         raise _fail(spec, "", f"no column {prompt_key!r} (columns: {', '.join(cols) or 'none'})",
                     "set data.prompt_key to the column that holds the prompt")
     check_prompts(rows, where, prompt_key, spec, fmt)
-    return rows, where
 
 
 def resolve_data_path(spec: str, base_dir: Optional[Path] = None) -> Optional[Path]:
     """The file a data spec names: as given (absolute, or relative to the current directory), else
-    relative to the recipe's directory (train looks in the same places). None when neither exists."""
+    relative to the recipe's directory (train looks in the same places). None when neither exists.
+
+    An `hf:` spec whose local directory exists only relative to the recipe's directory comes back
+    as the spec with that directory made absolute (a Path whose str() is the spec; train passes
+    str() of the result on); any other `hf:` spec gives None (read as written)."""
+    if spec.startswith("hf:"):
+        from .hub import resolve_hf_spec
+
+        resolved = resolve_hf_spec(spec, base_dir)
+        return Path(resolved) if resolved != spec else None
     p = Path(spec).expanduser()
     if os.path.lexists(p):
         return p
@@ -365,6 +385,14 @@ def load_prompts(spec: str, prompt_key: str = "prompt", *, size: int = 2000, dig
             raise DataError(f"{key}: unknown builtin data {spec!r}",
                             "use one of: " + ", ".join("builtin:" + t for t in BUILTIN_TASKS))
         return PromptSet(arithmetic_rows(size, digits, seed, split, chat), "prompt", spec)
+    if spec.startswith("hf:"):
+        from .hub import load_hf_rows
+
+        try:
+            rows, _ = load_hf_rows(spec, prompt_key, key=key)
+        except DataError as e:
+            raise DataError(f"{key}: {e.problem}", e.fix) from None
+        return PromptSet(_aligned(rows), prompt_key, spec)
     path = Path(spec).expanduser()
     if not path.exists():
         raise DataError(f"{key}: data file {spec} {missing_file_reason(path)}",
@@ -372,12 +400,15 @@ def load_prompts(spec: str, prompt_key: str = "prompt", *, size: int = 2000, dig
                         "then from the recipe's directory)")
     if path.is_dir():
         raise DataError(f"{key}: {spec} is a directory, not a data file",
-                        "give a " + ", ".join(FORMATS) + " file")
+                        "give a " + ", ".join(FORMATS) + f" file, or hf:{spec} for a dataset directory (save_to_disk or data files)")
     try:
         rows, _ = read_rows(path, spec, prompt_key)
     except DataError as e:
         raise DataError(f"{key}: {e.problem}", e.fix) from None
-    # every row has every column (a reward function gets each column as an aligned list)
+    return PromptSet(_aligned(rows), prompt_key, spec)
+
+
+def _aligned(rows: list[dict]) -> list[dict]:
+    """Every row with every column (a reward function gets each column as an aligned list)."""
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    rows = [r if len(r) == len(keys) else {k: r.get(k) for k in keys} for r in rows]
-    return PromptSet(rows, prompt_key, spec)
+    return [r if len(r) == len(keys) else {k: r.get(k) for k in keys} for r in rows]

@@ -29,7 +29,9 @@ class Event:
                    changes=dict(d.get("changes") or {}))
 
     def __str__(self) -> str:
-        return f"[Health] step {self.step} {self.severity}: {self.message}"
+        """The live console line: message, rule id, then each fix line (as events.jsonl holds them)."""
+        fixes = "".join(f"\n    fix: {line}" for line in self.advice)
+        return f"[Health] step {self.step} {self.severity}: {self.message} [{self.kind}]{fixes}"
 
 
 def append_events(run_dir, events) -> None:

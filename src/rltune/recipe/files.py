@@ -4,10 +4,12 @@ so that a missing or broken file shows up before a GPU is booked).
 
 Looked up exactly as `train` does: data files as given (absolute, or relative to the current
 directory), then relative to the recipe's directory; `path.py:function` reward files the same
-way; model directories as given. Hub ids and `module:function` rewards are not checked (no
-network, no user code runs here). Each problem is a Finding with rule `input` (an error: input
-that cannot be read, exit code 2) at the recipe key that names the file.
-No torch, no pydantic beyond the loaded recipe, no `datasets` import.
+way; model directories as given. Model hub ids and `module:function` rewards are not checked (no
+download, no user code runs here). An `hf:` data source is loaded as train loads it (a hub
+dataset is downloaded into the Hugging Face cache, which train then reuses; offline, a clear
+error) and its first rows are checked. Each problem is a Finding with rule `input` (an error:
+input that cannot be read, exit code 2) at the recipe key that names the file.
+No torch, no pydantic beyond the loaded recipe; `datasets` is imported only for an hf: source.
 """
 
 from __future__ import annotations
@@ -72,16 +74,26 @@ def data_problem(spec: str, prompt_key: str, base_dir: Optional[Path], key: str)
         if name not in BUILTIN_TASKS:
             return f"unknown builtin data `{spec}`", _did_you_mean(name, BUILTIN_TASKS)
         return None
+    if spec.startswith("hf:"):
+        from rltune.data.hub import CHECK_ROWS, load_hf_rows
+
+        try:
+            load_hf_rows(spec, prompt_key, key=key, base_dir=base_dir, max_rows=CHECK_ROWS)
+        except DataError as e:
+            return e.problem, e.fix or ""
+        return None
     path = resolve_data_path(spec, base_dir)
     if path is None:
         return (f"data file `{spec}` not found{_looked(spec, base_dir)}",
                 f"check {key}: a relative path is read from the current directory, then from the recipe's "
-                f"directory; the formats are {', '.join(FORMATS)} (or builtin:arithmetic). "
+                f"directory; the formats are {', '.join(FORMATS)} (or hf:NAME for a Hugging Face dataset, "
+                f"or builtin:arithmetic). "
                 "`rltune validate --skip-files` lints a recipe whose files are elsewhere")
     if not path.exists():
         return f"data file `{spec}` {missing_file_reason(path)}", f"point {key} at the real file"
     if path.is_dir():
-        return f"`{spec}` is a directory, not a data file", "give a " + ", ".join(FORMATS) + " file"
+        return (f"`{spec}` is a directory, not a data file",
+                "give a " + ", ".join(FORMATS) + f" file, or hf:{spec} for a dataset directory (save_to_disk or data files)")
     try:
         read_rows(path, spec, prompt_key, max_bytes=SCAN_BYTES)
     except DataError as e:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, Union
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rltune.errors import RecipeInputError
 from rltune.recipe import introspect as ins
@@ -44,6 +44,8 @@ class LoadResult:
     presets: list = field(default_factory=list)
     overrides: dict = field(default_factory=dict)  # dotted path -> raw "key=value"
     base_dir: Optional[Path] = None                # the recipe's directory (relative presets, data, rewards)
+    partial: Optional[Recipe] = None               # schema rejected it: the recipe without the bad entries
+    dropped: set = field(default_factory=set)      # keys removed or reset for `partial` (and did-you-means)
 
     def where(self, path: str) -> tuple:
         """(file, line, col) of `path`, else of its nearest parent, else the recipe's 1:1."""
@@ -323,7 +325,7 @@ def _load(text: str, source: str, overrides: Iterable[str] = (), extra_presets: 
             + {type(None): "an empty document", list: "a list", str: "a plain string", bool: "a boolean",
                int: "a number", float: "a number"}.get(type(data), type(data).__name__),
             file=source, line=1, column=1,
-            fix="start with `model:`, `data:`, `reward:` sections; see recipes/minimal.yaml")
+            fix="start with `model:`, `data:`, `reward:` sections; see `rltune recipes show minimal`")
     origins = {p: "recipe" for p in locs}
     res = LoadResult(source=source, data=data, recipe=None, locs=dict(locs), origins=origins, base_dir=base_dir)
 
@@ -382,8 +384,97 @@ def _load(text: str, source: str, overrides: Iterable[str] = (), extra_presets: 
     try:
         res.recipe = Recipe.model_validate(data)
     except ValidationError as e:
-        res.findings = _dedupe(_schema_finding(err, res) for err in e.errors(include_url=False))
+        errors = e.errors(include_url=False)
+        res.findings = _dedupe(_schema_finding(err, res) for err in errors)
+        res.partial, res.dropped = _salvage(data, errors)
     return res
+
+
+def _salvage(data: dict, errors: list, rounds: int = 5) -> tuple:
+    """The recipe with every rejected entry removed (an unknown key dropped, a bad value back to
+    its default), so that the lint rules can still check the rest: (Recipe or None, dropped
+    paths). An unknown key's did-you-mean counts as dropped (the user meant to set it)."""
+    import copy
+
+    doc, dropped = copy.deepcopy(data), set()
+    for _ in range(rounds):
+        for err in errors:
+            loc = [str(x) for x in _drop_union_tags(err.get("loc", ()), doc) if isinstance(x, str)]
+            if not loc:
+                return None, dropped   # a problem with the whole recipe: nothing to lint
+            if err.get("type") == "extra_forbidden":
+                sug = ins.suggest_key(tuple(loc[:-1]), loc[-1])
+                if sug:
+                    dropped.add(sug)
+            elif err.get("type") == "missing":
+                return None, dropped   # a required key: no default to fall back on
+            else:
+                dropped.add(".".join(loc))
+            cur = doc
+            for p in loc[:-1]:
+                cur = cur.get(p) if isinstance(cur, dict) else None
+            if isinstance(cur, dict):
+                cur.pop(loc[-1], None)
+        try:
+            return Recipe.model_validate(doc), dropped
+        except ValidationError as e:
+            errors = e.errors(include_url=False)
+    return None, dropped
+
+
+class _Tracked:
+    """A read-only view of a recipe that records the dotted keys read through it."""
+
+    __slots__ = ("_obj", "_path", "_reads")
+
+    def __init__(self, obj, path: str, reads: set):
+        object.__setattr__(self, "_obj", obj)
+        object.__setattr__(self, "_path", path)
+        object.__setattr__(self, "_reads", reads)
+
+    def __getattr__(self, name: str):
+        obj, path = self._obj, self._path
+        attr = getattr(type(obj), name, None)
+        if isinstance(attr, property):   # derived (has_critic): record what it reads
+            return attr.fget(self)
+        full = f"{path}.{name}" if path else name
+        if name in type(obj).model_fields:
+            value = getattr(obj, name)
+            if isinstance(value, BaseModel):
+                return _Tracked(value, full, self._reads)
+            self._reads.add(full)
+            return value
+        self._reads.add(path)   # model_fields_set and the like: the whole section
+        return getattr(obj, name)
+
+
+def _touches(reads: set, dropped: set) -> bool:
+    return any(r == d or not r or d.startswith(r + ".") or r.startswith(d + ".") for r in reads for d in dropped)
+
+
+def lint_partial(res: LoadResult) -> list:
+    """Lint findings for a recipe the schema rejected, over what could still be checked (see
+    _salvage): a rule that read a dropped key says nothing (it would judge a default the user
+    did not choose). [] when the recipe validated (lint() covers it) or nothing could be kept."""
+    if res.recipe is not None or res.partial is None:
+        return []
+    from rltune.recipe.rules import RULES, Ctx
+
+    ctx, waive, out = Ctx(res), res.partial.lint.waive, []
+    for rl in RULES.values():
+        reads: set = set()
+        hits = list(rl.fn(_Tracked(res.partial, "", reads), ctx) or ())
+        if not hits or _touches(reads, res.dropped):
+            continue
+        for hit in hits:
+            file, line, col = res.where(hit.path)
+            ov = res.override_for(hit.path)
+            f = Finding(file=file, line=line, column=col, rule=rl.id, severity=hit.severity or rl.severity,
+                        path=hit.path, message=hit.message + (f" (from the override `{ov}`)" if ov else ""), fix=hit.fix)
+            if rl.id in waive and f.severity != "error":
+                f.severity, f.waived, f.waive_reason = "info", True, waive[rl.id]
+            out.append(f)
+    return out
 
 
 def load_recipe(path: Union[str, Path], overrides: Iterable[str] = (), extra_presets: Iterable[str] = ()) -> LoadResult:
@@ -396,9 +487,9 @@ def load_recipe(path: Union[str, Path], overrides: Iterable[str] = (), extra_pre
 
             raise RecipeInputError(f"recipe file `{source}` {missing_file_reason(p)}",
                                    fix="point the link at an existing recipe, or give the file's real path")
-        raise RecipeInputError(f"recipe file `{source}` not found", fix="check the path; shipped examples are in recipes/ (e.g. recipes/minimal.yaml)")
+        raise RecipeInputError(f"recipe file `{source}` not found", fix="check the path; shipped examples: `rltune recipes list`, copy one with `rltune recipes copy minimal`")
     if p.is_dir():
-        raise RecipeInputError(f"`{source}` is a directory, not a recipe file", fix="give a .yaml file, e.g. recipes/minimal.yaml")
+        raise RecipeInputError(f"`{source}` is a directory, not a recipe file", fix="give a .yaml file, e.g. one made with `rltune recipes copy minimal`")
     text = read_yaml_text(p, source)
     return _load(text, source, overrides, extra_presets, base_dir=p.parent)
 

@@ -1,4 +1,4 @@
-"""Lint rules: the tuning playbook (DESIGN.md §4) as small named functions.
+"""Lint rules: the tuning playbook (docs/DESIGN.md §4) as small named functions.
 
 Each rule has an id, a default severity, the condition it checks and why (the field evidence).
 A rule function takes the validated Recipe and a Ctx and yields Hits: the dotted key, the

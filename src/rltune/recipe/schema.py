@@ -45,8 +45,8 @@ class ModelCfg(Section):
 
 
 class DataCfg(Section):
-    train: str = F(..., description="Training prompts: a .jsonl/.json/.parquet/.csv file, or builtin:arithmetic.")
-    eval: Optional[str] = F(None, "Held-out prompts for eval reward (same formats); builtin tasks use a disjoint split.")
+    train: str = F(..., description="Training prompts: a .jsonl/.json/.parquet/.csv file, hf:NAME[:CONFIG][:SPLIT] (a Hugging Face hub id or a local dataset directory; split train by default), or builtin:arithmetic.")
+    eval: Optional[str] = F(None, "Held-out prompts for eval reward (same forms; an hf: source defaults to split test); builtin tasks use a disjoint split.")
     prompt_key: str = F("prompt", "Column holding the prompt text (or a list of chat messages).")
     max_prompt_length: int = F(256, "Prompts are left-truncated to this many tokens.", ge=8, le=131072)
     apply_chat_template: bool = F(True, "Wrap prompts with the tokenizer's chat template when it has one.")
@@ -56,6 +56,18 @@ class DataCfg(Section):
     builtin_size: int = F(2000, "Number of prompts a builtin task generates for training.", ge=8, le=1_000_000)
     builtin_digits: int = F(1, "Digits per operand for builtin:arithmetic.", ge=1, le=6)
     eval_size: int = F(32, "Number of eval prompts used per evaluation.", ge=1, le=100_000)
+
+    @field_validator("train", "eval")
+    @classmethod
+    def _hf_form(cls, v):
+        # the form of an hf: source (what `validate --skip-files` checks); loading it is files.py's
+        if isinstance(v, str) and v.startswith("hf:"):
+            from rltune.data.hub import hf_syntax_problem
+
+            problem = hf_syntax_problem(v)
+            if problem:
+                raise ValueError(problem)
+        return v
 
 
 class RewardCfg(Section):
@@ -189,8 +201,9 @@ class TrainerCfg(Section):
 
 
 class LoggingCfg(Section):
-    console: Literal["rich", "plain", "quiet"] = F("rich", "Console output: Rich progress bar, plain lines, or quiet.")
-    log_every: int = F(1, "Print a [Rollout] line every N steps.", ge=1, le=1_000_000)
+    console: Literal["rich", "plain", "quiet"] = F("rich", "Console output: rich = Rich-formatted log lines, plain = LEVEL message lines (both with a "
+                                                            "progress bar where stderr is a terminal), quiet = warnings and errors only.")
+    log_every: int = F(1, "Print a [Rollout] line (with step/total, s/step and ETA) every N steps.", ge=1, le=1_000_000)
     tensorboard: bool = F(False, "Write TensorBoard events to RUN_DIR/tb (extra: tracking).")
     wandb: bool = F(False, "Log to Weights & Biases (offline mode works with no network).")
     wandb_project: str = F("rltune", "W&B project.")

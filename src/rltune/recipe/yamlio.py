@@ -144,7 +144,7 @@ def parse_yaml(text: str, file: str, *, what: str = "recipe") -> tuple[Any, dict
     if not text.strip() or all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()):
         raise RecipeInputError(
             f"the {what} is empty", file=file,
-            fix="a recipe needs at least model.policy, data.train and a reward; start from recipes/minimal.yaml")
+            fix="a recipe needs at least model.policy, data.train and a reward; start from `rltune recipes copy minimal`")
     _check_size(text, file, what)
     loader = _Loader(text)
     locs: dict = {}
@@ -233,3 +233,59 @@ def parse_value(text: str) -> Any:
         return text  # not YAML at all: keep the raw string, the schema judges it
     finally:
         loader.dispose()
+
+
+def _flow(value: Any) -> str:
+    """One value as YAML on one line (flow style): 5.0e-07, true, [0, 1], {coef: 0.05}."""
+    if isinstance(value, float):
+        from rltune.recipe.rules import num
+
+        return num(value)
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
+
+
+def edit_yaml_text(text: str, changes: dict) -> str:
+    """`text` with each dotted key of `changes` set, comments and layout kept: a value written
+    in the text is replaced where it stands; a key the text lacks is added at the end of its
+    section (the section is added at the end of the file when it is missing too)."""
+    for key, value in changes.items():
+        node = yaml.compose(text, Loader=_Loader)
+        parts = key.split(".")
+        i = 0
+        while i < len(parts) and isinstance(node, MappingNode):
+            hit = next(((k, v) for k, v in node.value if isinstance(k, ScalarNode) and k.value == parts[i]), None)
+            if hit is None:
+                break
+            last_key, node = hit[0], hit[1]
+            i += 1
+        if i == len(parts) and node.start_mark.index >= last_key.end_mark.index:   # written here: replace
+            start, end = node.start_mark.index, node.end_mark.index
+            if not isinstance(node, ScalarNode) and node.flow_style is False:   # a block list or mapping
+                start = last_key.end_mark.index + text[last_key.end_mark.index:].index(":") + 1
+                text = text[:start] + " " + _flow(value) + "\n" + text[end:].lstrip("\n")
+            else:
+                text = text[:start] + _flow(value) + text[end:]
+            continue
+        # add the missing part under the deepest section written (the top level when none is)
+        section = node if i and isinstance(node, MappingNode) and node.flow_style is False and node.value else None
+        rest = parts[i:]
+        if section is None and i:   # an empty or flow section, or a value where a section should be
+            raise RecipeInputError(f"cannot add `{key}` to this recipe in place (`{'.'.join(parts[:i])}` is not a block section)",
+                                   fix=f"add `{key}` by hand")
+        indent = section.value[0][0].start_mark.column if section is not None else 0
+        lines = []
+        for depth, part in enumerate(rest):
+            tail = f" {_flow(value)}" if depth == len(rest) - 1 else ""
+            lines.append(" " * (indent + 2 * depth) + f"{part}:{tail}")
+        if section is None:
+            text = text + ("" if text.endswith("\n") else "\n") + "\n".join(lines) + "\n"
+            continue
+        end = section.value[-1][1].end_mark.index
+        if end and text[end - 1] != "\n":
+            nl = text.find("\n", end)
+            end = len(text) if nl < 0 else nl + 1
+        if end == len(text) and not text.endswith("\n"):
+            text += "\n"
+            end = len(text)
+        text = text[:end] + "\n".join(lines) + "\n" + text[end:]
+    return text

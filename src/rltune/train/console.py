@@ -1,4 +1,6 @@
-"""Console and log file: a Rich progress bar with live reward/KL, grep-able log lines."""
+"""Console and log file: grep-able log lines on stderr, Rich formatting where stderr is a
+terminal, and the one Rich console that the log handler and the progress bar (progress.py)
+share, so that log lines print above the bar instead of through it."""
 
 from __future__ import annotations
 
@@ -7,6 +9,30 @@ import sys
 from pathlib import Path
 
 LOG = logging.getLogger("rltune")
+_console = None
+
+
+def rich_console():
+    """The Rich console on stderr shared by the log handler and the progress bar."""
+    global _console
+    if _console is None:
+        from rich.console import Console
+
+        _console = Console(stderr=True)
+    return _console
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time: while the progress bar is live, Rich
+    redirects it so that each line prints above the bar."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
 
 
 def setup_logging(run_dir: Path | None, mode: str, is_main: bool) -> None:
@@ -22,9 +48,10 @@ def setup_logging(run_dir: Path | None, mode: str, is_main: bool) -> None:
     if mode == "rich" and sys.stderr.isatty():
         from rich.logging import RichHandler
 
-        handler: logging.Handler = RichHandler(show_path=False, show_time=False, markup=False)
+        handler: logging.Handler = RichHandler(console=rich_console(), show_path=False, show_time=False,
+                                               markup=False)
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     handler.setLevel(level)
     LOG.addHandler(handler)
@@ -40,25 +67,3 @@ def setup_logging(run_dir: Path | None, mode: str, is_main: bool) -> None:
         hf_logging.set_verbosity_error()
     except ImportError:
         pass
-
-
-class Progress:
-    """A progress bar with ETA and live reward/KL (Rich on a TTY, nothing otherwise)."""
-
-    def __init__(self, total: int, start: int, enabled: bool):
-        self.bar = None
-        if enabled and sys.stderr.isatty():
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
-
-            self.bar = RichProgress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                                    TimeRemainingColumn(), TextColumn("{task.fields[info]}"), transient=False)
-            self.task = self.bar.add_task("train", total=total, completed=start, info="")
-            self.bar.start()
-
-    def update(self, step: int, reward: float, kl: float) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, completed=step, info=f"reward {reward:.3f}  kl {kl:.4f}")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()

@@ -326,13 +326,17 @@ def explained_variance(values, returns, mask) -> float:
 
 
 @torch.no_grad()
-def evaluate(c: Components) -> float:
-    """Mean reward of greedy answers on the held-out prompts (no training state touched)."""
+def evaluate(c: Components):
+    """Mean reward of greedy answers on the held-out prompts, and the mean of each reward source
+    before weighting (an EvalScore; no training state touched)."""
+    from .progress import EvalScore
+
     if c.eval_set is None:
-        return float("nan")
+        return EvalScore(float("nan"))
     r, tok = c.recipe, c.tokenizer
     rows = c.eval_set.rows
-    scores = []
+    scores: list[float] = []
+    parts: dict[str, list[float]] = {}
     for i in range(0, len(rows), 32):
         chunk = rows[i:i + 32]
         ids = [encode_prompt(row, tok, r.data, c.eval_set.prompt_key) for row in chunk]
@@ -342,7 +346,10 @@ def evaluate(c: Components) -> float:
         res = c.rewards(prompts, decode(tok, exp, c.rollout), reward_columns(chunk, c.eval_set.prompt_key),
                         conversations=conversations, training=False)
         scores += res.scores
-    return sum(scores) / max(len(scores), 1)
+        for spec, values in res.raw.items():
+            parts.setdefault(spec, []).extend(values)
+    mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
+    return EvalScore(mean(scores), {spec: mean(v) for spec, v in parts.items()}, len(scores))
 
 
 def apply_knobs(c: Components, knobs: Knobs) -> None:

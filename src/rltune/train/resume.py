@@ -49,6 +49,12 @@ _OPT_KEYS = ("weight_decay", "betas", "eps")
 _MISSING = object()
 
 
+class ResumeInputError(TrainError):
+    """`--resume PATH` names no checkpoint: input that cannot be used (exit code 2)."""
+
+    exit_code = 2
+
+
 @dataclass
 class Change:
     key: str
@@ -102,8 +108,9 @@ def check_changes(changes: list[Change], allow: bool, checkpoint: Path, run_dir:
     if changes and not allow:
         raise TrainError(
             f"the recipe changed since checkpoint {checkpoint.name}: {', '.join(map(str, changes))}\n"
-            "  fix: resume with the same recipe, pass --allow-recipe-change (the new values take effect), "
-            "or --resume never to start over")
+            "  fix: pass --allow-recipe-change to continue this run with the new values,\n"
+            f"   or: --resume never to start a new run here (the old one is moved to {run_dir / 'previous'}/),\n"
+            "   or: set a new trainer.output_dir to start a new run elsewhere and keep this one as it is")
 
 
 def apply_changes(changes: list[Change], c, knobs, tuner) -> list[str]:
@@ -162,9 +169,10 @@ def _explicit(path: Path, run_dir: Path, log) -> Path:
     check_path(path, "--resume")
     fix = _available(run_dir)
     if not path.exists():
-        raise TrainError(f"--resume {path}: no such checkpoint (the path does not exist)\n  fix: {fix}")
+        raise ResumeInputError(f"--resume {path}: no such checkpoint: {path} does not exist; "
+                               f"{_listing(run_dir)}{_did_you_mean(str(path))}\n  fix: {fix}")
     if not path.is_dir():
-        raise TrainError(f"--resume {path} is a file; a checkpoint is a directory "
+        raise ResumeInputError(f"--resume {path} is a file; a checkpoint is a directory "
                          f"({ckpt.CKPT_DIR}/{ckpt.PREFIX}NNNNNNNN)\n  fix: {fix}")
     inside = path if path.name == ckpt.CKPT_DIR else path / ckpt.CKPT_DIR
     if inside.is_dir() and not (path / "manifest.json").exists():  # a run dir or its checkpoints/
@@ -173,10 +181,30 @@ def _explicit(path: Path, run_dir: Path, log) -> Path:
             raise TrainError(f"--resume {path}: no usable checkpoint in {inside}\n  fix: {fix}")
         log.info("--resume %s: using its newest complete checkpoint, %s", path, found.name)
         return found
+    if not (path / "manifest.json").exists() and not path.name.startswith((ckpt.PREFIX, ".tmp-")):
+        raise ResumeInputError(f"--resume {path}: not a checkpoint ({path} is a directory without manifest.json; "
+                               f"a checkpoint is RUN_DIR/{ckpt.CKPT_DIR}/{ckpt.PREFIX}NNNNNNNN); {_listing(run_dir)}"
+                               f"\n  fix: {fix}")
     problem = ckpt.verify(path)
     if problem:
         raise TrainError(f"checkpoint {path} is not usable: {problem}\n  fix: {fix}")
     return path
+
+
+def _listing(run_dir: Path) -> str:
+    """"checkpoints in RUN_DIR/checkpoints: a, b (incomplete)" or "RUN_DIR has no checkpoint"."""
+    found = ckpt.checkpoints(run_dir)
+    if not found:
+        return f"{run_dir / ckpt.CKPT_DIR} holds no checkpoint"
+    names = [p.name + ("" if (p / "manifest.json").exists() else " (incomplete)") for p in found]
+    return f"checkpoints in {run_dir / ckpt.CKPT_DIR}: {', '.join(names)}"
+
+
+def _did_you_mean(value: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(value, ["auto", "never"], n=1, cutoff=0.6) if "/" not in value else []
+    return f" (did you mean `--resume {close[0]}`?)" if close else ""
 
 
 def _available(run_dir: Path) -> str:
@@ -187,4 +215,4 @@ def _available(run_dir: Path) -> str:
     return f"--resume auto or --resume never ({run_dir} has no checkpoint)"
 
 
-__all__ = ["choose_checkpoint", "recipe_changes", "check_changes", "apply_changes", "Change", "FREE", "FIXED"]
+__all__ = ["choose_checkpoint", "ResumeInputError", "recipe_changes", "check_changes", "apply_changes", "Change", "FREE", "FIXED"]

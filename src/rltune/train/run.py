@@ -13,7 +13,7 @@ from pathlib import Path
 from ..recipe.knobs import KNOB_KEYS
 from ..recipe.schema import Recipe
 from .collective import barrier, broadcast_int
-from .console import LOG, Progress, setup_logging
+from .console import LOG, setup_logging
 from .setup import TrainError
 
 EXIT_INTERRUPTED = 130
@@ -88,6 +88,7 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
     from .loop import apply_knobs, evaluate, initial_knobs, train_step
     from ..monitor.trackers import log_all
     from .setup import build
+    from . import progress as pg
 
     console = "quiet" if quiet else recipe.logging.console
     setup_logging(run_dir, console, dist.is_main)
@@ -116,7 +117,8 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
         setup_logging(run_dir, console, dist.is_main)  # train.log went with the old run
         LOG.warning("%s", moved)
     if dist.is_main:
-        _write(run_dir / "recipe.yaml", yaml.safe_dump(recipe_dict, sort_keys=False), hint)
+        _write(run_dir / "recipe.yaml", f"# source: {Path(recipe_path).resolve()}\n"
+               + yaml.safe_dump(recipe_dict, sort_keys=False), hint)
     drawn_seed = saved.get("seed") if resume_path is not None else None
     c = build(recipe, dist, recipe_path.parent, seed=drawn_seed)
     knobs = initial_knobs(c)
@@ -149,7 +151,8 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
         state = {"step": step, "seed": c.seed, "recipe_hash": rhash, "recipe": recipe_dict, "kl_ctl": c.kl_ctl.state_dict(),
                  "sampler": c.sampler.state_dict(), "rewards": c.rewards.state_dict(),
                  "knobs": vars(knobs).copy(), "skipped_in_a_row": skipped_in_a_row,
-                 "eval_start": eval_start, "good": step_ok,
+                 "eval_start": eval_start.reward if eval_start is not None else None,
+                 "eval_start_parts": eval_start.parts if eval_start is not None else None, "good": step_ok,
                  "monitor": monitor.state_dict() if monitor is not None else None,
                  "autotune": tuner.state_dict() if tuner is not None else None}
         if stop.signal is not None:
@@ -178,17 +181,27 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
     if faults is not None:
         faults.install(c)
     skipped_in_a_row = int(state.get("skipped_in_a_row", 0)) if resume_path is not None else 0
-    eval_start = state.get("eval_start") if resume_path is not None else None
+    eval_start = None
+    if resume_path is not None and state.get("eval_start") is not None:
+        eval_start = pg.EvalScore(state["eval_start"], state.get("eval_start_parts") or {},
+                                  len(c.eval_set) if c.eval_set is not None else 0)
     r = recipe
-    progress = Progress(r.trainer.max_steps, start, enabled=dist.is_main and not quiet and r.logging.console == "rich")
+    weights = pg.reward_weights(r)
+    if dist.is_main:
+        for line in pg.startup_lines(c, run_dir, start if resume_path is not None else None):
+            LOG.info("%s", line)
+    progress = pg.Progress(r.trainer.max_steps, start, enabled=dist.is_main and console != "quiet")
     step, exit_code = start, 0
     step_ok = True  # no warning/error event and no skipped update at this step: a rollback target
     rollback_on = tuner is not None and tuner.rollback_on
     try:
         if eval_start is None and c.eval_set is not None:
             eval_start = evaluate(c)
-            LOG.info("eval before training: reward %.3f on %d held-out prompts", eval_start, len(c.eval_set))
+            LOG.info("%s", pg.eval_line("before training", eval_start, weights))
         for step in range(start + 1, r.trainer.max_steps + 1):
+            if step == start + 1:
+                LOG.info("%s", pg.first_step_line(r, step))
+            progress.begin(step)
             if faults is not None:
                 faults.step = step
             m = train_step(c, step, knobs, gen)
@@ -200,7 +213,8 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
             _warn_overflow(m, step)
             if r.trainer.eval_every and (step % r.trainer.eval_every == 0 or step == r.trainer.max_steps) \
                     and c.eval_set is not None:
-                m["eval/reward"] = evaluate(c)
+                score = evaluate(c)
+                m.update(score.metrics())
             events = monitor.observe(m) if monitor is not None else []
             step_ok = not skipped and not any(e.severity in ("warning", "error") for e in events)
             rb = tuner.hard_spike(m, events) if rollback_on else None
@@ -221,10 +235,12 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
                 apply_knobs(c, knobs)
                 m.update(tuner.metrics())
             log_all(sinks, m, step)
-            if step % r.logging.log_every == 0:
-                LOG.info("[Rollout] step=%d avg_reward=%.4f kl=%.4f", step, m["reward/mean"], m["kl"])
-                LOG.info("Actor resharding time: %d ms", round(m["timing/sync_ms"]))
             progress.update(step, m["reward/mean"], m["kl"])
+            if step % r.logging.log_every == 0:
+                LOG.info("%s", pg.step_line(step, m, progress.clock, weights))
+                LOG.info("Actor resharding time: %d ms", round(m["timing/sync_ms"]))
+            if "eval/reward" in m:
+                LOG.info("%s", pg.eval_line(f"at step {step}", score, weights))
             if skipped_in_a_row >= r.health.max_skipped_steps:
                 LOG.error("stopping: %d steps in a row had a non-finite loss or gradient and were skipped; "
                           "the weights are those of step %d. Likely causes: learning rate too high "
@@ -297,6 +313,7 @@ def _finish(c, run_dir: Path, step: int, fresh: bool, eval_start, hint: str) -> 
     kill left undone (final/ missing or incomplete, eval.json missing)."""
     from . import checkpoint as ckpt
     from .loop import evaluate
+    from .progress import final_eval_lines, reward_weights
 
     final_dir = run_dir / "final"
     problem = None if fresh else _main_first(c.dist, lambda: ckpt.final_problem(final_dir, step))
@@ -317,10 +334,12 @@ def _finish(c, run_dir: Path, step: int, fresh: bool, eval_start, hint: str) -> 
     need_eval = c.eval_set is not None and eval_start is not None and (fresh or not (run_dir / "eval.json").exists())
     if need_eval:
         final = evaluate(c)
-        LOG.info("eval reward on %d held-out prompts: before %.3f -> after %.3f", len(c.eval_set),
-                 eval_start, final)
+        for line in final_eval_lines(eval_start, final, reward_weights(c.recipe)):
+            LOG.info("%s", line)
         if c.dist.is_main:
-            (run_dir / "eval.json").write_text(json.dumps({"before": eval_start, "after": final}))
+            (run_dir / "eval.json").write_text(json.dumps({"before": eval_start.reward, "after": final.reward,
+                                                           "before_parts": eval_start.parts,
+                                                           "after_parts": final.parts}))
     if not redo and not need_eval:
         LOG.info("the run in %s already finished at step %d (trainer.max_steps %d): nothing to do; "
                  "raise trainer.max_steps to continue, or use --resume never to start over",

@@ -137,24 +137,12 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = N
     rollout = make_rollout(recipe, lambda: load_causal_lm(
         recipe.model.policy, recipe.trainer.precision if dist.device != "cpu" else "fp32",
         recipe.model.attn_implementation, dist.device), tokenizer, dist.device,
-        world_size=dist.world_size, log=LOG.info)
+        world_size=dist.world_size)  # its choice and why: in the start-up block (progress.py)
     rollout.sync_weights(actor)
 
     kl = recipe.algorithm.kl
     kl_ctl = make_kl_controller(kl.coef, kl.target, kl.horizon)
     correction = resolve_correction(recipe, rollout.name)
-    ro = recipe.rollout
-    LOG.info("sampling: %s, temperature %g, top_p %g, top_k %s, max_new_tokens %d, %d per prompt; "
-             "log-probs at temperature %g; rollout correction %s%s",
-             "on" if ro.do_sample else "greedy", ro.temperature, ro.top_p, ro.top_k or "off", ro.max_new_tokens,
-             recipe.algorithm.group_size, recipe.logprob_temperature, correction,
-             f" (cap {recipe.algorithm.rollout_correction.cap:g})" if correction != "none" else "")
-    if recipe.algorithm.group_size > 1:
-        from .shared_prompt import shared_prompt_reason
-
-        reason = shared_prompt_reason(actor) if recipe.train.share_prompts else "train.share_prompts is false"
-        LOG.info("shared-prompt passes: %s", "on (each prompt computed once per group)" if reason is None
-                 else f"off ({reason})")
     return Components(recipe, dist, tokenizer, train_set, eval_set, sampler, rewards, actor, critic,
                       reference, rollout, kl_ctl, correction, seed)
 

@@ -32,10 +32,12 @@ TOKEN_LEVEL = ("token-mean",)
 SEQ_LEVEL = ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
-def micro_weight(mb_mask: torch.Tensor, total_tokens: float, total_seqs: float, agg: str) -> float:
-    """Share of the update that a micro-batch's aggregated loss represents."""
+def micro_weight(mb_mask: torch.Tensor, total_tokens: float, total_seqs: float, agg: str,
+                 tokens: float | None = None) -> float:
+    """Share of the update that a micro-batch's aggregated loss represents (`tokens`: its valid
+    tokens when already known on the host)."""
     if agg in TOKEN_LEVEL:
-        return float(mb_mask.sum()) / max(total_tokens, 1.0)
+        return (float(mb_mask.sum()) if tokens is None else tokens) / max(total_tokens, 1.0)
     if agg in SEQ_LEVEL:
         return mb_mask.shape[0] / max(total_seqs, 1)
     return 1.0  # token-sum: sums add up
@@ -80,16 +82,20 @@ def _grad_norm(engine, world: int) -> float:
     return float(torch.stack(norms).double().norm())
 
 
+def _acc(total: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    return x if total is None else total + x
+
+
 def _zero_loss(engine) -> torch.Tensor:
     params = [p for p in engine.module.parameters() if p.requires_grad]
     return sum(p.reshape(-1)[:1].sum() * 0.0 for p in params)
 
 
-def _poison_loss(engine, loss: torch.Tensor) -> torch.Tensor:
-    """A loss whose gradient is nan for every parameter it reaches: backpropagated in place of
-    a non-finite loss, it makes DeepSpeed's overflow check skip the whole update (with nan
-    gradients everywhere, not only where the bad loss happened to give them)."""
-    return (loss if loss.requires_grad else _zero_loss(engine)) * float("nan")
+def _poison_loss(engine) -> torch.Tensor:
+    """A loss whose gradient is nan for every parameter: backpropagated after a non-finite
+    loss, it makes DeepSpeed's overflow check skip the whole update (with nan gradients
+    everywhere, not only where the bad loss happened to give them)."""
+    return _zero_loss(engine) * float("nan")
 
 
 def _loss_scale(engine) -> float | None:
@@ -105,35 +111,45 @@ def _loss_scale(engine) -> float | None:
 
 
 def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: str) -> UpdateResult:
-    """Forward/backward every micro-batch, then one guarded optimizer step."""
+    """Forward/backward every micro-batch, then one guarded optimizer step.
+
+    No host sync inside the micro-batch loop: the loss, its finiteness and the stats accumulate
+    as device tensors and are read once after it (GPUs keep queueing kernels). A non-finite
+    loss still gets its backward like every micro-batch (ZeRO-2/3 reduce in backward); after the
+    loop one extra backward of a nan-valued loss that reaches every parameter poisons all
+    gradients, on every rank, so the whole update is skipped (by DeepSpeed's overflow check, or
+    by ours at stage 0)."""
     # DeepSpeed averages gradients over ranks, so a rank's share of the global update is its
     # micro-batch weight (over the global batch) times the world size
     world = world_size()
-    total_tokens, total_seqs = global_sum([float(sum(float(mb.response_mask.sum()) for mb in micro_batches)),
-                                           float(sum(mb.size for mb in micro_batches))])
-    result, bad_loss = UpdateResult(), False
+    tokens = torch.stack([mb.response_mask.sum() for mb in micro_batches]).double().tolist()   # one sync
+    total_tokens, total_seqs = global_sum([float(sum(tokens)), float(sum(mb.size for mb in micro_batches))])
+    result = UpdateResult()
+    losses, loss_sum, stat_sums = [], None, {}
     engine.train()
-    for mb in micro_batches:
-        w = micro_weight(mb.response_mask, total_tokens, total_seqs, agg) * world
+    for mb, n_tok in zip(micro_batches, tokens):
+        w = micro_weight(mb.response_mask, total_tokens, total_seqs, agg, tokens=n_tok) * world
         loss, stats = loss_fn(mb)
-        if not torch.isfinite(loss):
-            bad_loss, result.reason = True, f"loss {float(loss.detach())}"
-            # still one backward per micro-batch on every rank (ZeRO-2/3 reduce in backward)
-            engine.backward(_poison_loss(engine, loss), scale_wrt_gas=False)
-            continue
         engine.backward(loss * w, scale_wrt_gas=False)
-        result.loss += float(loss.detach()) * w / world
         # stats are token-means over valid tokens: weighted by token share whatever the loss_agg,
-        # so they do not depend on how the update is cut into micro-batches
-        tw = float(mb.response_mask.sum()) / max(total_tokens, 1.0)
+        # so they do not depend on how the update is cut into micro-batches; a micro-batch with a
+        # non-finite loss adds nothing to them (the update is skipped anyway)
+        loss = loss.detach().float()
+        ok, tw = torch.isfinite(loss), n_tok / max(total_tokens, 1.0)
+        losses.append(loss)
+        loss_sum = _acc(loss_sum, torch.where(ok, loss * (w / world), 0.0))
         for k, v in stats.items():
-            result.stats[k] = result.stats.get(k, 0.0) + float(v) * tw
-    keys = sorted(result.stats)
+            stat_sums[k] = _acc(stat_sums.get(k), torch.where(ok, torch.as_tensor(v, dtype=torch.float32, device=loss.device) * tw, 0.0))
+    keys = sorted(stat_sums)
+    host = torch.stack([loss_sum.double()] + [stat_sums[k].double() for k in keys] + [x.double() for x in losses])
+    host = host.tolist()                                                                        # one sync
+    bad = next((x for x in host[1 + len(keys):] if not math.isfinite(x)), None)
     # metrics of the global batch, and whether any rank had a non-finite loss
-    summed = global_sum([result.loss, float(bad_loss)] + [result.stats[k] for k in keys])
+    summed = global_sum([host[0], float(bad is not None)] + host[1:1 + len(keys)])
     result.loss, bad_loss, result.stats = summed[0], summed[1] > 0, dict(zip(keys, summed[2:]))
-    if bad_loss and not result.reason:
-        result.reason = "non-finite loss on another rank"
+    if bad_loss:
+        result.reason = f"loss {bad}" if bad is not None else "non-finite loss on another rank"
+        engine.backward(_poison_loss(engine), scale_wrt_gas=False)
 
     if not _ds_checks_overflow(engine):
         # plain torch optimizer (stage 0 fp32): we check the gradients and skip ourselves
@@ -235,13 +251,13 @@ def make_actor_loss(actor, recipe, knobs: Knobs, correction: str = "none",
         ent = aggregate(entropy, mask, algo.loss_agg, norm_len)
         if knobs.entropy_coef > 0:
             loss = loss - knobs.entropy_coef * ent
-        stats = {k: float(v) for k, v in stats.items()}
-        stats["entropy"] = float(aggregate(entropy.detach(), mask, "token-mean"))
+        stats = dict(stats)                                            # 0-dim tensors: no host sync
+        stats["entropy"] = aggregate(entropy.detach(), mask, "token-mean")
         if algo.kl.mode == "loss" and mb.ref_logp is not None:
             kl_t = kl_estimate(logp, mb.ref_logp, algo.kl.estimator)   # (b, T)
             kl_term = aggregate(kl_t, mask, algo.loss_agg, norm_len)
             loss = loss + knobs.kl_coef * kl_term
-            stats["kl_loss"] = float(aggregate(kl_t.detach(), mask, "token-mean"))   # per token
+            stats["kl_loss"] = aggregate(kl_t.detach(), mask, "token-mean")          # per token
         return loss, stats
 
     return loss_fn
@@ -256,7 +272,7 @@ def make_critic_loss(critic, recipe):
         values = response_values(critic, mb, shared)                   # (b, T) value before each token
         loss, stats = value_loss(values, mb.old_values, mb.returns, mb.response_mask, algo.value_clip,
                                  agg=algo.loss_agg, norm_len=norm_len)
-        return loss, {k: float(v) for k, v in stats.items()}
+        return loss, stats
 
     return loss_fn
 
