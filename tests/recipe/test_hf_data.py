@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-datasets = pytest.importorskip("datasets")
+import datasets  # noqa: E402  (a dependency of rltune: never skipped)
 
 from rltune.data.datasets import DataError, load_prompts  # noqa: E402
 from rltune.data.hub import load_hf_rows  # noqa: E402

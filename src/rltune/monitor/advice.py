@@ -168,8 +168,11 @@ def for_grad_clip(r, role: str, warn: bool, why: str = "") -> Advice:
     note = (f"{role} gradients are clipped at {role}.grad_clip {fmt(clip)} on most steps: the clip, not"
             f" {role}.lr {fmt(lr)}, sets the step size (the effective {role} lr is lower than set)")
     if not warn:
-        return {}, [note, f"fine while the {role} loss and KL are stable; if the run learns too slowly,"
-                          f" raise {role}.grad_clip (up to 1.0) rather than {role}.lr"]
+        if clip is not None and clip < 1.0:
+            return {}, [note, f"fine while the {role} loss and KL are stable; if the run learns too slowly,"
+                              f" raise {role}.grad_clip (up to 1.0) rather than {role}.lr"]
+        return {}, [note, f"fine while the {role} loss and KL are stable ({role}.grad_clip {fmt(clip)} is the"
+                          f" playbook's ceiling: leave it, and do not raise {role}.lr to make up for it)"]
     c, l = lower_critic_lr(r, why) if role == "critic" else lower_actor_lr(r, why=why)
     return c, l + [note]
 
