@@ -17,16 +17,29 @@ WARNINGS = [
     (FutureWarning, r"`torch\.distributed\.reduce_op` is deprecated", r"vllm\."),
 ]
 
-# loggers whose INFO/WARNING lines say nothing a user can act on
-LOGGERS = {
-    "vllm.triton_utils.importing": logging.ERROR,   # "Triton is installed, but doesn't include CPU backend"
-    "DeepSpeed": logging.ERROR,                       # "Setting ds_accelerator to cpu (auto detect)"
-}
+# (logger, message prefix) of log lines that say nothing a user can act on; each is dropped by a
+# filter on its logger, so every other line of that logger still shows
+LOG_LINES = [
+    ("vllm.triton_utils.importing", "Triton is installed"),   # "... but doesn't include CPU backend"
+    ("DeepSpeed", "Setting accelerator to CPU"),              # auto-detection on a machine without GPUs
+    ("DeepSpeed", "Setting ds_accelerator to cpu"),
+]
+
+
+class _DropPrefix(logging.Filter):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
 
 
 def quiet_dependencies() -> None:
     """Install the filters (idempotent); call before the command imports torch, vLLM or DeepSpeed."""
     for category, message, module in WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
-    for name, level in LOGGERS.items():
-        logging.getLogger(name).setLevel(level)
+    for name, prefix in LOG_LINES:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropPrefix) and f.prefix == prefix for f in logger.filters):
+            logger.addFilter(_DropPrefix(prefix))

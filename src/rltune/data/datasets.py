@@ -339,15 +339,7 @@ def check_rows(rows: list[dict], where: list[str], prompt_key: str, spec: str, f
 def resolve_data_path(spec: str, base_dir: Optional[Path] = None) -> Optional[Path]:
     """The file a data spec names: as given (absolute, or relative to the current directory), else
     relative to the recipe's directory (train looks in the same places). None when neither exists.
-
-    An `hf:` spec whose local directory exists only relative to the recipe's directory comes back
-    as the spec with that directory made absolute (a Path whose str() is the spec; train passes
-    str() of the result on); any other `hf:` spec gives None (read as written)."""
-    if spec.startswith("hf:"):
-        from .hub import resolve_hf_spec
-
-        resolved = resolve_hf_spec(spec, base_dir)
-        return Path(resolved) if resolved != spec else None
+    (`hf:` specs: data.hub.resolve_hf_spec.)"""
     p = Path(spec).expanduser()
     if os.path.lexists(p):
         return p

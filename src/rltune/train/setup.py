@@ -192,5 +192,9 @@ def _data_path(spec: str, recipe_dir: Path) -> str:
 
     if spec.startswith("builtin:"):
         return spec
+    if spec.startswith("hf:"):
+        from ..data.hub import resolve_hf_spec
+
+        return resolve_hf_spec(spec, recipe_dir)
     path = resolve_data_path(spec, recipe_dir)
     return str(path) if path is not None else spec
