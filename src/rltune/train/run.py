@@ -192,6 +192,7 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
             LOG.info("%s", line)
     progress = pg.Progress(r.trainer.max_steps, start, enabled=dist.is_main and console != "quiet")
     step, exit_code = start, 0
+    last_eval = None  # (step, score) of the newest periodic eval: the final eval when it is at the last step
     step_ok = True  # no warning/error event and no skipped update at this step: a rollback target
     rollback_on = tuner is not None and tuner.rollback_on
     try:
@@ -215,6 +216,7 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
                     and c.eval_set is not None:
                 score = evaluate(c)
                 m.update(score.metrics())
+                last_eval = (step, score)
             events = monitor.observe(m) if monitor is not None else []
             step_ok = not skipped and not any(e.severity in ("warning", "error") for e in events)
             rb = tuner.hard_spike(m, events) if rollback_on else None
@@ -225,6 +227,7 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
                 LOG.warning("[AutoTune] step %d: %s; no rollback: no good checkpoint before this step "
                             "(the ordinary spike fix applies)", step, rb["why"])
             if target is not None:
+                last_eval = None  # the weights it scored are gone
                 skipped_in_a_row = _rollback(c, engines, gen, knobs, monitor, tuner, target, step, rb)
                 m["health/skipped_steps"] = skipped_in_a_row
                 m.update(tuner.metrics())
@@ -264,7 +267,8 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
                 LOG.warning("interrupted before the final export: `--resume auto` exports it")
                 exit_code = EXIT_INTERRUPTED
             else:
-                _finish(c, run_dir, step, fresh=step > start, eval_start=eval_start, hint=hint)
+                _finish(c, run_dir, step, fresh=step > start, eval_start=eval_start, hint=hint,
+                        final=last_eval[1] if last_eval is not None and last_eval[0] == step else None)
     except KeyboardInterrupt:
         progress.close()
         _abandoned(stop, run_dir, step, hint)
@@ -308,7 +312,7 @@ def _own_directory(run_dir: Path, resume_path: Path | None) -> str | None:
             f"mix; delete it when you no longer need it")
 
 
-def _finish(c, run_dir: Path, step: int, fresh: bool, eval_start, hint: str) -> None:
+def _finish(c, run_dir: Path, step: int, fresh: bool, eval_start, hint: str, final=None) -> None:
     """Export final/ and evaluate; on a run that had finished before, do whatever of this a
     kill left undone (final/ missing or incomplete, eval.json missing)."""
     from . import checkpoint as ckpt
@@ -333,7 +337,7 @@ def _finish(c, run_dir: Path, step: int, fresh: bool, eval_start, hint: str) -> 
             raise e from None
     need_eval = c.eval_set is not None and eval_start is not None and (fresh or not (run_dir / "eval.json").exists())
     if need_eval:
-        final = evaluate(c)
+        final = final if final is not None else evaluate(c)   # the last step's periodic eval, when it ran
         for line in final_eval_lines(eval_start, final, reward_weights(c.recipe)):
             LOG.info("%s", line)
         if c.dist.is_main:
