@@ -11,7 +11,7 @@ x 4 samples, responses from one real sampled `generate` (1..16 tokens, cut after
       length and cut into micro-batches of 8 (next to no padding), logits only for response
       positions (`logits_to_keep`), log-softmax + gather of the sampled tokens;
   (c) train: the same micro-batches with grad (clipped-ratio policy loss + k3 KL to (b),
-      token-mean) and backward, then clip_grad_norm_ and one torch.optim.AdamW step;
+      token-mean) and backward, then clip_grad_norm_ and one fused torch.optim.AdamW step;
   (b', c') the same with each prompt computed once per group of 4: the prompt forward once, its
       keys/values repeated for the 4 responses (DynamicCache.batch_repeat_interleave), the
       responses on top (2 groups = 8 sequences per micro-batch).
@@ -128,7 +128,8 @@ def main() -> None:
     prompts = [encode_prompt(r, tok, d, d.prompt_key) for r in rows]
     gcfg = GenerationConfig(do_sample=True, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
                             max_new_tokens=ro.max_new_tokens, eos_token_id=sorted(eos), pad_token_id=pad)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                            fused=True)   # what rltune runs on CPU (engine.roles)
 
     gen_prompts = [p for p in prompts for _ in range(G)]                        # 16 x 4 = 64
     resps: list[list[int]] = []

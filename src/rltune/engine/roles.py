@@ -84,10 +84,13 @@ def _initialize(model: nn.Module, opt_cfg, precision, micro_batch, device, total
 
     config = ds_config(opt_cfg, precision, micro_batch, device, with_optimizer=True)
     optimizer = None
-    if "optimizer" not in config:  # CPU: a torch AdamW (no FusedAdam compile)
+    if "optimizer" not in config:
+        # CPU: torch's fused AdamW (no FusedAdam compile). It updates every tensor in place in
+        # one kernel: ~5x faster than the per-parameter loop on a 135M model and without its
+        # temporaries (~0.2 GiB for SmolLM2's tied embedding) at the step's memory peak.
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=opt_cfg.lr,
                                       betas=tuple(opt_cfg.betas), eps=opt_cfg.eps,
-                                      weight_decay=opt_cfg.weight_decay)
+                                      weight_decay=opt_cfg.weight_decay, fused=True)
 
     def scheduler(opt):
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda u: lr_factor(

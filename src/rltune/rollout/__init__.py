@@ -145,7 +145,8 @@ def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size
         model = policy_model_for_hf
         if callable(model) and not hasattr(model, "named_parameters"):
             model = model()
-        engine = HFRollout(model, tokenizer, device=device, share_prompts=recipe.train.share_prompts)
+        engine = HFRollout(model, tokenizer, device=device, chunk_size=int(recipe.rollout.batch_size),
+                           share_prompts=recipe.train.share_prompts)
     engine.reason = reason
     if log is not None:
         log(reason)

@@ -59,20 +59,20 @@ from .update import (
 
 
 def rollout_phase(c: Components) -> tuple[Experience, list[str], list[str], dict, list[list[dict]]]:
-    """Step 1: generation calls until the step holds its updates_per_step x train.batch_size
-    sequences (this rank's share)."""
+    """Step 1: the step's updates_per_step x train.batch_size sequences (this rank's share),
+    drawn as gen_calls_per_step batches of prompts and sampled in one `generate` call: the
+    weights do not change in between, and each engine bounds its own memory (hf: chunks of
+    rollout.batch_size sequences; vLLM: its scheduler within the KV cache)."""
     r, tok = c.recipe, c.tokenizer
     n = r.algorithm.group_size
-    parts, prompts, rows, conversations = [], [], [], []
+    ids, prompts, rows, conversations = [], [], [], []
     for _ in range(r.gen_calls_per_step):
-        batch_rows = [c.train_set.rows[i] for i in c.sampler.next_batch()]
-        ids = [encode_prompt(row, tok, r.data, c.train_set.prompt_key) for row in batch_rows]
-        parts.append(c.rollout.generate(ids, Sampling.from_recipe(r.rollout, n)))
-        for row in batch_rows:
+        for row in (c.train_set.rows[i] for i in c.sampler.next_batch()):
+            ids.append(encode_prompt(row, tok, r.data, c.train_set.prompt_key))
             prompts += [prompt_text(row, c.train_set.prompt_key)] * n
             conversations += [prompt_messages(row, c.train_set.prompt_key, r.data)] * n
             rows += [row] * n
-    exp = parts[0] if len(parts) == 1 else Experience.concat(parts, c.rollout.pad_id)
+    exp = c.rollout.generate(ids, Sampling.from_recipe(r.rollout, n))
     c.rollout.sleep()  # free rollout memory while training (GPU vLLM; a no-op elsewhere)
     completions = decode(tok, exp, c.rollout)
     return exp, prompts, completions, reward_columns(rows, c.train_set.prompt_key), conversations
