@@ -117,7 +117,8 @@ def main() -> None:
         reward_weights=list(r.reward.weights or [1.0] * len(r.reward.functions)),
         learning_rate=ac.lr, warmup_steps=ac.warmup_steps, lr_scheduler_type="constant_with_warmup",
         weight_decay=ac.weight_decay, adam_beta1=ac.betas[0], adam_beta2=ac.betas[1], adam_epsilon=ac.eps,
-        max_grad_norm=ac.grad_clip or 0.0, optim="adamw_torch",
+        max_grad_norm=ac.grad_clip or 0.0,
+        optim="adamw_torch_fused",   # TRL's default with torch >= 2.8, and what rltune runs on CPU
     )
     if a.gc == "off":
         kw["gradient_checkpointing"] = False
