@@ -53,7 +53,7 @@ def main() -> None:
     from rltune.recipe.knobs import Knobs
     from rltune.recipe.loader import load_recipe
     from rltune.rollout.experience import Experience
-    from rltune.train import batching, loop, update
+    from rltune.train import batching, loop, sampling, update
     from rltune.train.setup import build, seed_everything
 
     torch.set_num_threads(int(os.environ.get("RLTUNE_BENCH_THREADS", os.cpu_count() or 1)))
@@ -62,8 +62,7 @@ def main() -> None:
     dist = init_distributed("cpu")
     seed_everything(0, 0)
     c = build(recipe, dist, (ROOT / a.recipe).parent, seed=0)
-    exp, prompts, completions, columns, conv = loop.rollout_phase(c)
-    exp.scores = torch.tensor(c.rewards(prompts, completions, columns, conversations=conv).scores)
+    exp = sampling.sample_step(c).batch.exp                 # generated and scored
     exp.index = torch.arange(exp.size)
     micro, temp, n = recipe.train.micro_batch_size, recipe.logprob_temperature, recipe.algorithm.group_size
     exp.ref_logp = update.forward_logp(c.reference.module, exp, temp, micro, n, False)

@@ -88,7 +88,7 @@ def test_huge_preset_file_is_refused(write):
     ("trainer", "save_every", "true", "expected a whole number, got the boolean true", "write a whole number in [0, 10000000], e.g. `save_every: 0` (the default)"),
     ("trainer", "max_steps", "100.0", "expected a whole number, got the number 100.0", "`max_steps: 100`"),
     ("actor", "lr", '"1e-6"', 'expected a number, got the string "1e-6"', "`lr: 1.0e-06`"),
-    ("algorithm", "clip_range", "yes", "got the boolean true (YAML reads unquoted yes/no", "write a number in (0, 1), e.g. `clip_range: 0.2`"),
+    ("algorithm", "clip_range", "yes", "got the boolean true (YAML reads unquoted yes/no", "write a number in (0, 1], e.g. `clip_range: 0.2`"),
     ("logging", "wandb_project", "3", "expected text, got the number 3", 'quote it to make it text: `wandb_project: "3"`'),
 ])
 def test_wrong_types_are_not_coerced(write, section, key, raw, needle, fix):

@@ -96,6 +96,11 @@ class AutoTuner:
         self.mode = self.cfg.mode
         self.has_critic = recipe.has_critic
         self.kl_adaptive = recipe.algorithm.kl.target is not None
+        # the playbook's clip range [0.1, 0.3] is for token ratios in the PPO surrogate: GSPO's
+        # sequence ratios use ~1e-4 clips and CISPO clips importance weights, so there the
+        # clip range is left as the recipe set it
+        algo = recipe.algorithm
+        self.tunes_clip = algo.ratio_level == "token" and algo.policy_loss == "ppo"
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.write = write
         self.start = Knobs.from_recipe(recipe)
@@ -131,6 +136,8 @@ class AutoTuner:
 
     # ---- changes ----------------------------------------------------------------------------
     def _set(self, step, knob, new, action, reason, numbers, out: list) -> None:
+        if knob == "clip_range" and not self.tunes_clip:
+            return
         old = getattr(self.knobs, knob)
         new = A.r3(self._clamp(knob, new))
         new = self._clamp(knob, new)  # rounding must not step outside

@@ -566,10 +566,15 @@ class ISWeightExtreme(Sustained):
 
 
 class ZeroAdvantage(Sustained):
-    """batch/zero_adv_frac (share of groups whose samples all scored the same) above `zero_adv_max`
-    for 2 x window steps. Skipped when the trainer does not log it."""
+    """The share of groups whose samples all scored the same above `zero_adv_max` for 2 x window
+    steps: rollout/zero_std_frac (every generated group, before dynamic sampling drops any) where
+    logged, else batch/zero_adv_frac (other tools' logs). Skipped when neither is logged."""
     name = "zero_advantage"
     key = "batch/zero_adv_frac"
+
+    def check(self, mon, step, v, fired):
+        self.key = "rollout/zero_std_frac" if "rollout/zero_std_frac" in v else "batch/zero_adv_frac"
+        return super().check(mon, step, v, fired)
 
     def steps_needed(self, mon):
         return 2 * mon.h.window
@@ -579,6 +584,9 @@ class ZeroAdvantage(Sustained):
 
     def event(self, mon, step, x, n):
         ch, lines = A.for_zero_adv(mon.recipe)
+        if getattr(mon.recipe.algorithm, "filter_groups", None) is not None and x < 1:
+            lines.append(f"dynamic sampling (algorithm.filter_groups) generates ~{1 / (1 - x):.1f}x the "
+                         "sequences it trains on at this share")
         return Event(step, "zero_advantage", "warning",
                      f"{x * 100:.0f}% of the groups have zero advantage (> {mon.h.zero_adv_max * 100:.0f}%) for {n} steps"
                      f" (since step {step - n + 1}): the batch teaches almost nothing",

@@ -264,44 +264,62 @@ def greedy_groups(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 
 # ---------------------------------------------------------------- regularisation
 
-@rule("kl-range", "warning", "algorithm.kl.coef outside [0.01, 0.1]",
+@rule("kl-range", "warning",
+      "algorithm.kl.coef outside [0.01, 0.1]; 0 is an info when the reward comes only from reward functions (verifiable rewards)",
       "too high and the policy collapses onto safe stock phrases (the \"I understand\" parrot); too low and it drifts from the reference into reward hacking")
 def kl_range(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     c = r.algorithm.kl.coef
     lo, hi = KL_RANGE
+    sev = None
+    fix = f"set algorithm.kl.coef: {num(KL_START)}"
     if c > hi:
         why = "too high: the policy collapses onto safe stock phrases (the \"I understand\" parrot); field case: kl 0.1 -> 0.03 steadied KL at 0.45"
+    elif c == 0 and r.reward.model is None:
+        # a deliberate "no KL" (the default is 0.05): DAPO (arXiv:2503.14476 sec. 2.3) drops the KL
+        # for rule-based rewards, which a drifting policy cannot game the way it games a reward model
+        sev = "info"
+        why = ("fine for rule-based (verifiable) rewards, as in DAPO (arXiv:2503.14476 sec. 2.3), "
+               "where drifting from the reference is the point; watch for reward-function hacking")
+        fix = f"nothing to do for verifiable rewards; set algorithm.kl.coef: {num(KL_START)} to hold the policy near the reference"
     elif c == 0:
-        why = "no KL penalty at all: nothing holds the policy near the reference, it drifts into reward hacking"
+        why = ("with a reward model (reward.model) nothing holds the policy near the reference, "
+               "it drifts into reward hacking")
     elif c < lo:
         why = "too low: the policy drifts from the reference into reward hacking"
     else:
         return
-    yield Hit("algorithm.kl.coef", f"algorithm.kl.coef {num(c)} is outside [{num(lo)}, {num(hi)}]: {why}",
-              f"set algorithm.kl.coef: {num(KL_START)}")
+    where = "turns the KL penalty off" if c == 0 else f"is outside [{num(lo)}, {num(hi)}]"
+    yield Hit("algorithm.kl.coef", f"algorithm.kl.coef {num(c)} {where}: {why}", fix, severity=sev)
 
 
-@rule("clip-range", "warning", "algorithm.clip_range outside [0.1, 0.3] (error if <= 0 or >= 1)",
+@rule("clip-range", "warning",
+      "PPO surrogate with token ratios: algorithm.clip_range / clip_range_high outside [0.1, 0.3] (error if >= 1)",
       "a wide clip lets one batch move the policy far (spikes); a narrow one makes it too conservative (clip 0.1 -> 0.15 lifted the human score 3.9 -> 4.2)")
 def clip_range(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    # the playbook's range is for per-token ratios in the PPO surrogate; GSPO's sequence ratios
+    # (gspo-clip-size) and CISPO's clipped weights (cispo-ppo-clip) have their own scales
+    if not token_ppo(r):
+        return
     lo, hi = CLIP_RANGE
     for path in ("algorithm.clip_range", "algorithm.clip_range_high"):
         v = getattr(r.algorithm, path.rsplit(".", 1)[1])
         if v is None:
             continue
         if v <= 0 or v >= 1:
-            yield Hit(path, f"{path} {num(v)} must be in (0, 1)", f"set {path}: {num(CLIP_START)}", severity="error")
+            yield Hit(path, f"{path} {num(v)} must be in (0, 1) for the PPO surrogate with token ratios "
+                            f"(the ratio is clipped to [1 - clip_range, 1 + clip_range_high])",
+                      f"set {path}: {num(CLIP_START)}", severity="error")
         elif v < lo:
             yield Hit(path, f"{path} {num(v)} is below [{num(lo)}, {num(hi)}]: updates become so small the policy is over-conservative "
                             "(field case: clip 0.1 -> 0.15 lifted the human score 3.9 -> 4.2)", f"set {path}: 0.15")
         elif v > hi:
             yield Hit(path, f"{path} {num(v)} is above [{num(lo)}, {num(hi)}]: one batch can move the policy far, KL and grad-norm spikes follow",
                       f"set {path}: {num(CLIP_START)}")
-    h = r.algorithm.clip_range_high
-    if h is not None and h < r.algorithm.clip_range:
-        yield Hit("algorithm.clip_range_high",
-                  f"algorithm.clip_range_high {num(h)} is below algorithm.clip_range {num(r.algorithm.clip_range)}: clip-higher "
-                  "should widen the upper side, not narrow it", f"set algorithm.clip_range_high: {num(r.algorithm.clip_range)} or remove it")
+
+
+def token_ppo(r: Recipe) -> bool:
+    """The PPO clipped surrogate on per-token ratios (PPO, GRPO, DAPO): what the playbook's clip advice is about."""
+    return r.algorithm.policy_loss == "ppo" and r.algorithm.ratio_level == "token"
 
 
 # ---------------------------------------------------------------- stability
@@ -450,6 +468,10 @@ def clip_inactive(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
         yield Hit(keys[0], f"{', '.join(keys)} set, but train.ppo_epochs x train.updates_per_step = 1: "
                            f"{RULES['clip-inactive'].why}",
                   "set train.updates_per_step: 2 (or train.ppo_epochs: 2) for clipping to act; otherwise nothing to do")
+
+
+# the 2026 toolbox rules (DAPO, GSPO, CISPO): rules_algo.py, registered here, before the waiver rules
+from rltune.recipe import rules_algo  # noqa: E402,F401  (registers its rules in RULES)
 
 
 @rule("unknown-waiver", "warning", "lint.waive names a rule that does not exist",

@@ -70,6 +70,11 @@ class DataCfg(Section):
         return v
 
 
+class OverlongCfg(Section):
+    buffer: int = F(64, "DAPO soft overlong penalty: the last `buffer` tokens before rollout.max_new_tokens, where the penalty grows linearly from 0 to -penalty.", ge=1, le=131072)
+    penalty: float = F(1.0, "Penalty at rollout.max_new_tokens (added to the weighted reward, x (length - (max_new_tokens - buffer)) / buffer inside the buffer).", ge=0, le=1000)
+
+
 class RewardCfg(Section):
     functions: list[str] = F([], "Reward functions: builtin:NAME, module:function or path/to/file.py:function.")
     weights: Optional[list[float]] = F(None, "Weights of the reward functions (default 1 each); the model, if any, weighs 1.")
@@ -80,6 +85,7 @@ class RewardCfg(Section):
     on_error: Literal["raise", "zero"] = F("raise", "A reward function that raises or returns NaN: stop the run, or score 0 and warn.")
     isolate: bool = F(False, "Run user reward functions (not builtins) in a worker process: one that exits (os._exit), crashes or exceeds reward.timeout is reported and handled by reward.on_error instead of ending the run.")
     timeout: float = F(60.0, "Seconds per reward-function call with reward.isolate; a call that takes longer is stopped and reported.", gt=0, le=86400)
+    overlong: Optional[OverlongCfg] = F(None, "DAPO's soft overlong punishment (arXiv:2503.14476 sec. 3.4): a length penalty in the last buffer tokens before rollout.max_new_tokens, added to the training reward (not to eval); None = off.")
 
     @model_validator(mode="after")
     def _weights_match(self):
@@ -104,17 +110,25 @@ class RolloutCorrectionCfg(Section):
     cap: float = F(2.0, "Importance-weight cap C: tis clips weights at C; mis zeroes tokens whose weight is outside [1/C, C].", gt=1, le=1000)
 
 
+class FilterGroupsCfg(Section):
+    metric: Literal["acc", "reward"] = F("acc", "What must vary within a group for it to be kept: acc = the first reward function's score (the correctness check), reward = the weighted training reward.")
+    max_gen_calls: int = F(10, "Most generation calls (of rollout.batch_size sequences) per step; when reached, the batch is topped up with dropped groups and a warning says so.", ge=1, le=100_000)
+
+
 class AlgorithmCfg(Section):
     name: AlgoName = F("grpo", "ppo (GAE + critic), grpo (group-normalised), rloo (leave-one-out), reinforce_pp (REINFORCE++).")
     group_size: int = F(4, "Samples per prompt (GRPO/RLOO groups; also n for the others).", ge=1, le=1024)
     gamma: float = F(1.0, "Discount factor.", ge=0, le=1)
     lam: float = F(0.95, "GAE lambda (PPO).", ge=0, le=1)
-    clip_range: float = F(0.2, "PPO ratio clip epsilon (lower side).", gt=0, lt=1)
-    clip_range_high: Optional[float] = F(None, "Upper clip epsilon (clip-higher); defaults to clip_range.", gt=0, lt=1)
+    clip_range: float = F(0.2, "PPO ratio clip epsilon (lower side: ratio >= 1 - clip_range); cispo: the IS weight's lower epsilon (1.0 = no lower bound).", gt=0, le=1)
+    clip_range_high: Optional[float] = F(None, "Upper clip epsilon (clip-higher: ratio <= 1 + clip_range_high); defaults to clip_range.", gt=0, le=10)
     dual_clip: Optional[float] = F(None, "Dual-clip bound c > 1 for negative advantages; None = off.", gt=1, le=100)
     value_clip: Optional[float] = F(0.2, "Value-loss clip around old values (PPO); None = off.", gt=0, le=100)
     entropy_coef: float = F(0.0, "Entropy bonus coefficient.", ge=0, le=1)
     loss_agg: AggMode = F("token-mean", "How token losses are aggregated.")
+    policy_loss: Literal["ppo", "cispo"] = F("ppo", "ppo: the clipped surrogate (PPO, GRPO, DAPO, GSPO); cispo: log-prob x advantage weighted by the clipped, stop-gradient importance ratio (MiniMax-M1, arXiv:2506.13585), bounds [1 - clip_range, 1 + clip_range_high].")
+    ratio_level: Literal["token", "sequence", "sequence-token"] = F("token", "Importance ratio: token = one per token; sequence = GSPO's exp(mean_t log(pi / pi_old)) per sequence, clipped per sequence (arXiv:2507.18071); sequence-token = GSPO-token (the sequence ratio's value, each token's own gradient).")
+    filter_groups: Optional[FilterGroupsCfg] = F(None, "DAPO dynamic sampling (arXiv:2503.14476 sec. 3.2): drop groups whose samples all score alike and generate more until the step is full; None = off.")
     scale_by_std: bool = F(True, "GRPO: divide by the group std (False = Dr.GRPO).")
     whiten_advantages: bool = F(True, "PPO: whiten GAE advantages over the batch.")
     kl: KLCfg = F(KLCfg(), "KL regularisation to the reference model.")
@@ -169,6 +183,7 @@ class RolloutCfg(Section):
     top_p: float = F(1.0, "Nucleus sampling p.", gt=0, le=1)
     top_k: int = F(0, "Top-k sampling; 0 = off.", ge=0, le=1_000_000)
     stop: list[str] = F([], "Stop strings; generation of a response ends after one appears.")
+    mask_truncated: bool = F(False, "Drop responses cut at max_new_tokens (no EOS, no stop string) from the loss (DAPO's overlong filtering): they still count in their group's baseline.")
     gpu_memory_utilization: float = F(0.5, "vLLM: fraction of GPU memory for weights + KV cache.", gt=0, le=1)
     tensor_parallel_size: int = F(1, "vLLM tensor parallel size.", ge=1, le=64)
     max_model_len: Optional[int] = F(None, "vLLM max sequence length; default prompt + response length.", ge=16, le=1_048_576)

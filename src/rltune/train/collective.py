@@ -65,6 +65,17 @@ def global_sum(values: list[float]) -> list[float]:
     return t.tolist()
 
 
+def global_max(values: list[float]) -> list[float]:
+    """Element-wise maximum of `values` over ranks."""
+    if world_size() == 1:
+        return values
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def global_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`masked_whiten` with the mean and unbiased variance of the valid tokens of all ranks:
     (B, T) -> (B, T), 0 at masked positions."""

@@ -3,7 +3,8 @@
 Per step:
   1. generate   train.updates_per_step x train.batch_size sequences (per step, over all ranks),
                 rollout.batch_size per generation call, group_size samples per prompt
-  2. score      reward functions / reward model -> scores (B,)
+  2. score      reward functions / reward model (+ overlong penalty) -> scores (B,); with
+                filter_groups, groups without signal dropped and more generated (`sampling`)
   3. reference  reference log-probs (no autograd), when a KL term is used
   4. behaviour  the actor's own log-probs under the weights that sampled (pi_behaviour, no
                 autograd), when something needs them before the first update: several updates
@@ -46,6 +47,7 @@ from ..rollout.experience import Experience
 from .collective import gather_rows, global_sum, global_whiten
 from .console import LOG
 from .prompts import encode_prompt, prompt_messages, prompt_text, reward_columns
+from .sampling import decode, sample_step
 from .setup import Components
 from . import batching
 from .update import (
@@ -56,38 +58,6 @@ from .update import (
     run_update,
     use_shared_prompts,
 )
-
-
-def rollout_phase(c: Components) -> tuple[Experience, list[str], list[str], dict, list[list[dict]]]:
-    """Step 1: the step's updates_per_step x train.batch_size sequences (this rank's share),
-    drawn as gen_calls_per_step batches of prompts and sampled in one `generate` call: the
-    weights do not change in between, and each engine bounds its own memory (hf: chunks of
-    rollout.batch_size sequences; vLLM: its scheduler within the KV cache)."""
-    r, tok = c.recipe, c.tokenizer
-    n = r.algorithm.group_size
-    ids, prompts, rows, conversations = [], [], [], []
-    for _ in range(r.gen_calls_per_step):
-        for row in (c.train_set.rows[i] for i in c.sampler.next_batch()):
-            ids.append(encode_prompt(row, tok, r.data, c.train_set.prompt_key))
-            prompts += [prompt_text(row, c.train_set.prompt_key)] * n
-            conversations += [prompt_messages(row, c.train_set.prompt_key, r.data)] * n
-            rows += [row] * n
-    exp = c.rollout.generate(ids, Sampling.from_recipe(r.rollout, n))
-    c.rollout.sleep()  # free rollout memory while training (GPU vLLM; a no-op elsewhere)
-    completions = decode(tok, exp, c.rollout)
-    return exp, prompts, completions, reward_columns(rows, c.train_set.prompt_key), conversations
-
-
-def decode(tokenizer, exp: Experience, rollout) -> list[str]:
-    """Response texts as the reward sees them: EOS and padding dropped, every other token
-    kept, special ones too (a model must not hide text from the reward in tokens that a
-    `skip_special_tokens` decode would drop)."""
-    drop = set(rollout.eos_ids) | {rollout.pad_id}
-    out = []
-    for ids, mask in zip(exp.response_ids, exp.response_mask):
-        kept = [i for i in ids[mask.bool()].tolist() if i not in drop]
-        out.append(tokenizer.decode(kept, skip_special_tokens=False))
-    return out
 
 
 def needs_behavior_forward(recipe, has_reference: bool) -> bool:
@@ -225,26 +195,14 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator) -> 
     t_start = time.perf_counter()
     timings = {}
 
-    # 1. generate
-    t0 = time.perf_counter()
-    exp, prompts, completions, columns, conversations = rollout_phase(c)
-    timings["timing/rollout_s"] = time.perf_counter() - t0
-
-    # 2. score
-    t0 = time.perf_counter()
-    result = c.rewards(prompts, completions, columns, conversations=conversations)
+    # 1-2. generate and score (dynamic sampling, overlong penalty, truncation mask: `sampling`)
+    drawn = sample_step(c)
+    b = drawn.batch
+    timings["timing/rollout_s"], timings["timing/reward_s"] = drawn.rollout_s, drawn.reward_s
     if r.logging.sample_every and step % r.logging.sample_every == 0 and c.dist.is_main:
-        LOG.info("[Sample] step=%d reward=%.3f prompt=%r completion=%r", step, result.scores[0],
-                 prompts[0][-80:], completions[0][:200])
-    exp.scores = torch.tensor(result.scores, dtype=torch.float32)                     # (B,)
-    exp = exp.to(c.dist.device)  # the rollout hands back CPU tensors; the models may be on a GPU
-    if not torch.isfinite(exp.scores).all():
-        bad = int((~torch.isfinite(exp.scores)).nonzero()[0])
-        from ..reward import RewardError
-
-        raise RewardError(f"reward for sample {bad} (prompt {prompts[bad][:60]!r}) is {float(exp.scores[bad])}: "
-                          "check the reward model / normalisation")
-    timings["timing/reward_s"] = time.perf_counter() - t0
+        LOG.info("[Sample] step=%d reward=%.3f prompt=%r completion=%r", step, float(b.exp.scores[0]),
+                 b.prompts[0][-80:], b.completions[0][:200])
+    exp = b.exp.to(c.dist.device)  # the rollout hands back CPU tensors; the models may be on a GPU
 
     # 3-8. reference, behaviour, values, KL, advantages, updates
     learned = learn(c, exp, knobs, gen)
@@ -264,7 +222,7 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator) -> 
     mask = exp.response_mask
     step_s = time.perf_counter() - t_start
     scores = gather_rows(exp.scores)                                                 # (B * world,)
-    lengths = gather_rows(mask.sum(-1))
+    lengths = gather_rows(drawn.lengths.to(mask.device))                             # before masking
     n_tokens = global_sum([float(mask.sum() + exp.prompt_mask.sum())])[0]
     m = {
         "step": step,
@@ -280,7 +238,8 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator) -> 
         "timing/step_s": step_s,
         "throughput/tokens_per_s": n_tokens / max(step_s, 1e-9),
     }
-    for spec, values in result.raw.items():
+    m.update(drawn.metrics)
+    for spec, values in b.raw.items():
         m[f"reward/{spec}"] = float(gather_rows(torch.tensor(values, dtype=torch.float64)).mean())
     m.update(_role_metrics("actor", learned.actor, c.actor))
     if c.critic is not None:

@@ -133,6 +133,9 @@ def step_line(step: int, m: dict, clock: StepClock, weights: dict) -> str:
     parts = {spec: m[f"reward/{spec}"] for spec in weights if f"reward/{spec}" in m}
     if parts and worth_splitting(weights):
         line += f" | parts: {parts_text(parts, weights)}"
+    if "rollout/groups_generated" in m:   # dynamic sampling: what the batch cost
+        line += (f" | groups kept {m['rollout/groups_kept']:.0f}/{m['rollout/groups_generated']:.0f} "
+                 f"in {m['rollout/gen_calls']:.0f} calls")
     return line
 
 

@@ -26,20 +26,23 @@ from ..recipe.knobs import Knobs
 from ..rollout.experience import Experience
 from . import shared_prompt
 from .batching import passes, scatter
-from .collective import global_sum, world_size
+from .collective import global_max, global_sum, world_size
 
 TOKEN_LEVEL = ("token-mean",)
 SEQ_LEVEL = ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def micro_weight(mb_mask: torch.Tensor, total_tokens: float, total_seqs: float, agg: str,
-                 tokens: float | None = None) -> float:
-    """Share of the update that a micro-batch's aggregated loss represents (`tokens`: its valid
-    tokens when already known on the host)."""
+                 tokens: float | None = None, seqs: float | None = None) -> float:
+    """Share of the update that a micro-batch's aggregated loss represents (`tokens`, `seqs`: its
+    valid tokens and its sequences with at least one valid token, when already known on the
+    host; a sequence masked out whole, `rollout.mask_truncated`, is not counted, as in
+    `aggregate`)."""
     if agg in TOKEN_LEVEL:
         return (float(mb_mask.sum()) if tokens is None else tokens) / max(total_tokens, 1.0)
     if agg in SEQ_LEVEL:
-        return mb_mask.shape[0] / max(total_seqs, 1)
+        n = float((mb_mask.sum(-1) > 0).sum()) if seqs is None else seqs
+        return n / max(total_seqs, 1)
     return 1.0  # token-sum: sums add up
 
 
@@ -122,13 +125,15 @@ def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: 
     # DeepSpeed averages gradients over ranks, so a rank's share of the global update is its
     # micro-batch weight (over the global batch) times the world size
     world = world_size()
-    tokens = torch.stack([mb.response_mask.sum() for mb in micro_batches]).double().tolist()   # one sync
-    total_tokens, total_seqs = global_sum([float(sum(tokens)), float(sum(mb.size for mb in micro_batches))])
+    counts = torch.stack([torch.stack([mb.response_mask.sum(), (mb.response_mask.sum(-1) > 0).sum().to(
+        mb.response_mask.dtype)]) for mb in micro_batches]).double().tolist()                   # one sync
+    tokens, seqs = [x[0] for x in counts], [x[1] for x in counts]
+    total_tokens, total_seqs = global_sum([float(sum(tokens)), float(sum(seqs))])
     result = UpdateResult()
     losses, loss_sum, stat_sums = [], None, {}
     engine.train()
-    for mb, n_tok in zip(micro_batches, tokens):
-        w = micro_weight(mb.response_mask, total_tokens, total_seqs, agg, tokens=n_tok) * world
+    for mb, n_tok, n_seq in zip(micro_batches, tokens, seqs):
+        w = micro_weight(mb.response_mask, total_tokens, total_seqs, agg, tokens=n_tok, seqs=n_seq) * world
         loss, stats = loss_fn(mb)
         engine.backward(loss * w, scale_wrt_gas=False)
         # stats are token-means over valid tokens: weighted by token share whatever the loss_agg,
@@ -139,14 +144,23 @@ def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: 
         losses.append(loss)
         loss_sum = _acc(loss_sum, torch.where(ok, loss * (w / world), 0.0))
         for k, v in stats.items():
-            stat_sums[k] = _acc(stat_sums.get(k), torch.where(ok, torch.as_tensor(v, dtype=torch.float32, device=loss.device) * tw, 0.0))
-    keys = sorted(stat_sums)
-    host = torch.stack([loss_sum.double()] + [stat_sums[k].double() for k in keys] + [x.double() for x in losses])
+            v = torch.as_tensor(v, dtype=torch.float32, device=loss.device)
+            if k.endswith("_max"):   # a maximum over the update, not a weighted mean
+                stat_sums[k] = v if k not in stat_sums else torch.maximum(stat_sums[k], v)
+            else:
+                stat_sums[k] = _acc(stat_sums.get(k), torch.where(ok, v * tw, 0.0))
+    keys = sorted(k for k in stat_sums if not k.endswith("_max"))
+    max_keys = sorted(k for k in stat_sums if k.endswith("_max"))
+    host = torch.stack([loss_sum.double()] + [stat_sums[k].double() for k in keys + max_keys]
+                       + [x.double() for x in losses])
     host = host.tolist()                                                                        # one sync
-    bad = next((x for x in host[1 + len(keys):] if not math.isfinite(x)), None)
+    n_k = len(keys) + len(max_keys)
+    bad = next((x for x in host[1 + n_k:] if not math.isfinite(x)), None)
     # metrics of the global batch, and whether any rank had a non-finite loss
     summed = global_sum([host[0], float(bad is not None)] + host[1:1 + len(keys)])
     result.loss, bad_loss, result.stats = summed[0], summed[1] > 0, dict(zip(keys, summed[2:]))
+    if max_keys:
+        result.stats.update(zip(max_keys, global_max(host[1 + len(keys):1 + n_k])))
     if bad_loss:
         result.reason = f"loss {bad}" if bad is not None else "non-finite loss on another rank"
         engine.backward(_poison_loss(engine), scale_wrt_gas=False)
@@ -247,7 +261,8 @@ def make_actor_loss(actor, recipe, knobs: Knobs, correction: str = "none",
                                                     algo.rollout_correction.cap)      # (b, T)
         loss, stats = policy_loss(logp, behavior, mb.advantages, mask, knobs.clip_range,
                                   clip_high=algo.clip_range_high, dual_clip=algo.dual_clip, agg=algo.loss_agg,
-                                  weights=weights, norm_len=norm_len)
+                                  weights=weights, norm_len=norm_len, ratio_level=algo.ratio_level,
+                                  objective=algo.policy_loss)
         ent = aggregate(entropy, mask, algo.loss_agg, norm_len)
         if knobs.entropy_coef > 0:
             loss = loss - knobs.entropy_coef * ent
