@@ -25,7 +25,7 @@ import torch
 from ..algo import groups_with_signal, overlong_penalty, truncated_rows
 from ..rollout.base import Sampling
 from ..rollout.experience import Experience
-from .collective import gather_rows, global_sum
+from .collective import global_max, global_sum
 from .console import LOG
 from .prompts import encode_prompt, prompt_messages, prompt_text, reward_columns
 
@@ -130,10 +130,6 @@ def filter_metric(c, s: Scored) -> torch.Tensor:
     return s.exp.scores.double()
 
 
-def _most_over_ranks(x: int) -> int:
-    return int(gather_rows(torch.tensor([float(x)])).max())
-
-
 def sample_step(c) -> StepBatch:
     """Steps 1-2: the step's gen_calls_per_step x rollout.batch_size sequences (this rank's share),
     scored; with filter_groups, only groups with signal, generating more as needed."""
@@ -157,7 +153,7 @@ def sample_step(c) -> StepBatch:
             extra_s += time.perf_counter() - t0
         if fg is None:
             break
-        short = _most_over_ranks(max(0, need - with_signal))                  # groups, worst rank
+        short = int(global_max([float(max(0, need - with_signal))])[0])        # groups, worst rank
         if short == 0 or calls >= fg.max_gen_calls:
             break
         calls_now = min(math.ceil(short * G / r.rollout.batch_size), fg.max_gen_calls - calls)
