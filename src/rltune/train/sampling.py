@@ -123,10 +123,9 @@ def score(c, s: Scored) -> Scored:
 def filter_metric(c, s: Scored) -> torch.Tensor:
     """(B,) what must vary within a group: the first reward source (acc) or the reward."""
     fg = c.recipe.algorithm.filter_groups
-    if fg is not None and fg.metric == "acc" and s.raw:
-        first = next(k for k in s.raw if k != "overlong") if any(k != "overlong" for k in s.raw) else None
-        if first is not None:
-            return torch.tensor(s.raw[first], dtype=torch.float64)
+    first = next((k for k in s.raw if k != "overlong"), None)
+    if fg is not None and fg.metric == "acc" and first is not None:
+        return torch.tensor(s.raw[first], dtype=torch.float64)
     return s.exp.scores.double()
 
 
