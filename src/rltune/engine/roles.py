@@ -87,7 +87,7 @@ def _initialize(model: nn.Module, opt_cfg, precision, micro_batch, device, total
     if "optimizer" not in config:
         # CPU: torch's fused AdamW (no FusedAdam compile). It updates every tensor in place in
         # one kernel: ~5x faster than the per-parameter loop on a 135M model and without its
-        # temporaries (~0.2 GiB for SmolLM2's tied embedding) at the step's memory peak.
+        # temporaries (~0.2 GiB for SmolLM2's tied embedding); TRL's default on torch >= 2.8.
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=opt_cfg.lr,
                                       betas=tuple(opt_cfg.betas), eps=opt_cfg.eps,
                                       weight_decay=opt_cfg.weight_decay, fused=True)
@@ -97,7 +97,8 @@ def _initialize(model: nn.Module, opt_cfg, precision, micro_batch, device, total
             u, opt_cfg.warmup_steps, total_updates, opt_cfg.lr_schedule, opt_cfg.min_lr_ratio))
 
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=config, model_parameters=None if optimizer else model.parameters())
+                                           config=config, model_parameters=None if optimizer else
+                                           [p for p in model.parameters() if p.requires_grad])  # LoRA: adapter only
     return engine
 
 
@@ -117,6 +118,10 @@ def build_actor(recipe, device: str, total_updates: int):
     model.config.use_cache = False
     if recipe.actor.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if recipe.model.lora is not None:  # base frozen, only the adapter trains (models/lora.py)
+        from ..models.lora import apply_lora
+
+        model = apply_lora(model, recipe.model.lora, task_type="CAUSAL_LM")
     return _initialize(model, recipe.actor, recipe.trainer.precision, recipe.train.micro_batch_size,
                        device, total_updates)
 
@@ -125,6 +130,10 @@ def build_critic(recipe, device: str, total_updates: int):
     spec = recipe.model.critic or recipe.model.policy
     keep = _zero3_context(recipe.critic, recipe.trainer.precision, recipe.train.micro_batch_size, device)  # noqa: F841
     backbone = load_backbone(spec, "fp32", recipe.model.attn_implementation, device, recipe.model.trust_remote_code)
+    if recipe.model.lora is not None:  # the backbone gets an adapter; the value head (below) trains fully
+        from ..models.lora import apply_lora
+
+        backbone = apply_lora(backbone, recipe.model.lora, task_type=None)
     if recipe.critic.zero_stage == 3:
         import deepspeed
 

@@ -26,6 +26,11 @@ CLIP_START = 0.2
 GRAD_CLIP_MAX = 5.0
 GRAD_CLIP_START = 1.0
 WARMUP_START = 10
+# LoRA (model.lora): the optimal lr is ~10x full fine-tuning's (Schulman & Thinking Machines,
+# "LoRA Without Regret", 2025), so with an adapter the playbook's range moves up 10x
+LORA_LR_FACTOR = 10.0
+LORA_LR_RANGE = (1e-6, 5e-5)            # ACTOR_LR_RANGE x LORA_LR_FACTOR, written out (no float noise)
+LORA_LR_START = 1e-5                     # ACTOR_LR_START x LORA_LR_FACTOR
 
 
 @dataclass
@@ -127,20 +132,28 @@ def lr_ratio(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
                   f"set critic.lr: {num(a * CRITIC_LR_FACTOR)} ({CRITIC_LR_FACTOR:g} x actor.lr)")
 
 
-@rule("actor-lr-range", "warning", "actor.lr outside [1e-7, 5e-6]",
+@rule("actor-lr-range", "warning", "actor.lr outside [1e-7, 5e-6]; with model.lora above 5e-5 (the range x10; lora-lr reports the low side)",
       "actor lr 1e-5 made reward swing ±25% and KL climb 0.3 -> 1.2; 5e-7..1e-6 kept swings at ±8%")
 def actor_lr_range(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     a = r.actor.lr
-    lo, hi = ACTOR_LR_RANGE
+    lora = r.model.lora is not None
+    lo, hi = LORA_LR_RANGE if lora else ACTOR_LR_RANGE
+    start = LORA_LR_START if lora else ACTOR_LR_START
+    if lora and a <= hi:
+        return  # too low for an adapter is lora-lr's (rules_lora.py): one finding, one fix
     if a < lo or a > hi:
         side = "above" if a > hi else "below"
         effect = ("reward oscillates and KL runs away" if a > hi
                   else "the policy barely moves: reward stays flat for many steps")
-        fix = f"set actor.lr: {num(ACTOR_LR_START)} (the playbook's start)"
+        where = (f"the LoRA range [{num(lo)}, {num(hi)}] (the playbook's [{num(ACTOR_LR_RANGE[0])}, "
+                 f"{num(ACTOR_LR_RANGE[1])}] x {LORA_LR_FACTOR:g}: an adapter needs ~10x full fine-tuning's lr)"
+                 if lora else f"the playbook range [{num(lo)}, {num(hi)}]")
+        fix = (f"set actor.lr: {num(start)} (the playbook's start x {LORA_LR_FACTOR:g} for LoRA)" if lora
+               else f"set actor.lr: {num(start)} (the playbook's start)")
         if r.has_critic:
-            fix += f" and critic.lr: {num(ACTOR_LR_START * CRITIC_LR_FACTOR)}"
+            fix += f" and critic.lr: {num(start * CRITIC_LR_FACTOR)}"
         yield Hit("actor.lr",
-                  f"actor.lr {num(a)} is {side} the playbook range [{num(lo)}, {num(hi)}]: {effect} "
+                  f"actor.lr {num(a)} is {side} {where}: {effect} "
                   f"(field case: {RULES['actor-lr-range'].why})", fix)
 
 
@@ -472,6 +485,8 @@ def clip_inactive(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 
 # the 2026 toolbox rules (DAPO, GSPO, CISPO): rules_algo.py, registered here, before the waiver rules
 from rltune.recipe import rules_algo  # noqa: E402,F401  (registers its rules in RULES)
+# LoRA (model.lora): rules_lora.py, registered the same way
+from rltune.recipe import rules_lora  # noqa: E402,F401  (registers its rules in RULES)
 
 
 @rule("unknown-waiver", "warning", "lint.waive names a rule that does not exist",

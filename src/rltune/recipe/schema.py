@@ -34,6 +34,15 @@ def F(default, description: str, **kw):
     return Field(default, description=description, **kw)
 
 
+class LoraCfg(Section):
+    r: int = F(16, "LoRA rank of each adapted weight.", ge=1, le=4096)
+    alpha: float = F(32.0, "LoRA alpha: the adapter's output is scaled by alpha / r.", gt=0, le=1e6)
+    dropout: float = F(0.0, "Dropout on the adapter's input (training passes only).", ge=0, lt=1)
+    target_modules: Union[Literal["all-linear"], list[str]] = F(
+        "all-linear", "Modules that get an adapter: all-linear (every linear layer but the output head) or a list of module names, e.g. [q_proj, v_proj]; a name that matches nothing stops the run at start with the names that exist.")
+    bias: Literal["none", "all", "lora_only"] = F("none", "Which biases train: none, all, or only those of adapted modules.")
+
+
 class ModelCfg(Section):
     policy: str = F(..., description="Policy (actor) model: a local HF directory, a hub id, or builtin:tiny-llama | builtin:tiny-qwen2 | builtin:smollm2-135m-instruct.")
     critic: Optional[str] = F(None, "Critic backbone (PPO); defaults to the policy's weights with a fresh value head.")
@@ -42,6 +51,7 @@ class ModelCfg(Section):
     attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = F(
         "auto", "Attention kernel: auto = flash_attention_2 when installed on CUDA, else sdpa.")
     trust_remote_code: bool = F(False, "Allow model repos to run their own Python code (off: only code you name runs).")
+    lora: Optional[LoraCfg] = F(None, "Train LoRA adapters (PEFT) instead of the full weights: the actor's, and for PPO the critic backbone's (its value head trains fully); the reference is the policy with its adapter disabled (no second copy). None = full fine-tuning.")
 
 
 class DataCfg(Section):
@@ -188,6 +198,7 @@ class RolloutCfg(Section):
     tensor_parallel_size: int = F(1, "vLLM tensor parallel size.", ge=1, le=64)
     max_model_len: Optional[int] = F(None, "vLLM max sequence length; default prompt + response length.", ge=16, le=1_048_576)
     cpu_kvcache_gb: Optional[float] = F(None, "vLLM on CPU: KV cache size in GiB (fractions honoured); null = auto: sequences per generation call (rollout.batch_size, or an eval call's up to 32) x (data.max_prompt_length + max_new_tokens) tokens x per-token KV bytes, x1.5 in whole 128-token blocks, at least one max_model_len sequence.", gt=0, le=1024)
+    lora_sync: Literal["merged", "adapter"] = F("merged", "With model.lora: push the merged weights into the rollout engine (works with every engine), or only the adapter (vLLM builds with LoRA support).")
     sleep_mode: bool = F(True, "vLLM: free rollout memory while training where the platform supports it.")
     logprob_tolerance: float = F(0.05, "Stale-weight guard: max mean |rollout logp - actor logp| before a warning.", gt=0, le=100)
 
@@ -213,6 +224,7 @@ class TrainerCfg(Section):
     launcher: Literal["torchrun", "deepspeed"] = F("torchrun", "Launcher for nproc > 1.")
     device: Literal["auto", "cpu", "cuda"] = F("auto", "Device: auto = cuda when available.")
     threads: Optional[int] = F(None, "torch CPU threads per rank; None = torch default.", ge=1, le=1024)
+    save_merged: bool = F(False, "With model.lora: final/ also holds the merged model (HF format) next to the adapter.")
 
 
 class LoggingCfg(Section):

@@ -123,15 +123,19 @@ class HFRollout:
         """Give the engine the actor's current weights. Where the actor holds them whole, on the
         engine's device and in its dtype (ZeRO 0-2), the engine's parameters are pointed at the
         actor's own tensors: no copy, no second set of weights in memory, and the optimizer's
-        in-place updates are what the engine samples with. Otherwise (ZeRO-3 shards, another
+        in-place updates are what the engine samples with (with LoRA: the frozen base weights and the
+        adapter, which this engine's model runs unmerged, like the actor). Otherwise (ZeRO-3 shards, another
         device or dtype, or `own_copy()`) they are copied in place."""
         from ..engine.weights import iter_full_params, is_zero3
+        from ..models.lora import hf_rollout_name
 
         t0 = time.perf_counter()
         own = dict(self.model.named_parameters())
         share = self.share_weights and not is_zero3(actor)
         for name, tensor in iter_full_params(actor):
-            target = own.get(name)
+            # a LoRA actor (a PEFT model) names its parameters with PEFT's prefix; this engine's model
+            # has the same adapter layers without the wrapper (models/lora.py: rollout_model)
+            target = own.get(hf_rollout_name(name))
             if target is None:
                 continue
             if share and tensor.device == target.device and tensor.dtype == target.dtype \

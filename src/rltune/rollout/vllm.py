@@ -261,14 +261,21 @@ class VLLMRollout:
 
     # -- weights --
     def sync_weights(self, actor) -> float:
-        """Push the actor's parameters into vLLM in place; returns milliseconds."""
+        """Push the actor's parameters into vLLM in place (a LoRA actor's merged weights,
+        `rollout.lora_sync: merged`); returns milliseconds."""
         from ..engine.weights import iter_full_params
+
+        from ..models.lora import input_embedding_base_name, is_lora, merged_params
 
         t0 = time.perf_counter()
         self.wake_up()
-        weights: Iterable = _on_cpu_if(iter_full_params(actor), self.device == "cpu")
+        lora = is_lora(actor)
+        # a LoRA actor: the base weights with the adapter merged in (new tensors, the actor untouched),
+        # under the base model's names
+        params = merged_params(actor) if lora else iter_full_params(actor)
+        weights: Iterable = _on_cpu_if(params, self.device == "cpu")
         if self.tied_embeddings:
-            weights = _with_tied_head(weights, _input_embedding_name(actor))
+            weights = _with_tied_head(weights, input_embedding_base_name(actor) if lora else _input_embedding_name(actor))
         if not _in_process(self.llm):
             weights = list(weights)   # crosses a process boundary: must be picklable
         self.load_weights(weights)

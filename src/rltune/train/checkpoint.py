@@ -94,7 +94,9 @@ def save(run_dir: Path, step: int, engines: dict, state: dict, gen: torch.Genera
         barrier()
         for name, engine in engines.items():
             if engine is not None:
-                engine.save_checkpoint(str(tmp / name), tag="ds", save_latest=False)
+                # LoRA: the adapter (and its optimizer state) only; the frozen base is model.policy's
+                engine.save_checkpoint(str(tmp / name), tag="ds", save_latest=False,
+                                       exclude_frozen_parameters=_has_frozen(engine))
         torch.save(rng_state(gen), tmp / f"rng-rank{rank}.pt")
         if pause is not None:  # tests: a window in which the save is half done (faults.py)
             pause(step)
@@ -217,6 +219,7 @@ class _WeightsOnlyLoads:
                                 f"(refused to unpickle it: {str(err).splitlines()[0][:200]})") from err
 
         self.cls.load = safe_load
+        self.allowed = allowed
         return self
 
     def __exit__(self, *exc):
@@ -226,27 +229,72 @@ class _WeightsOnlyLoads:
 
 def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
     """Restore engines and RNG from `path`; returns state.json's content."""
-    with _WeightsOnlyLoads():
+    with _WeightsOnlyLoads() as loads:
         for name, engine in engines.items():
             if engine is not None:
+                frozen = _has_frozen(engine)   # LoRA: the checkpoint holds the trainable parameters only
                 engine.load_checkpoint(str(path / name), tag="ds", load_optimizer_states=True,
-                                       load_lr_scheduler_states=True)
+                                       load_lr_scheduler_states=True, load_module_strict=not frozen)
+                if frozen:
+                    _check_trainable_loaded(path / name, engine, loads.allowed)
     rng_file = path / f"rng-rank{rank}.pt"
     if rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=True), gen)
     return json.loads((path / "state.json").read_text())
 
 
-def export_hf(actor_engine, tokenizer, out_dir: Path, rank: int, step: int | None = None) -> None:
+def _has_frozen(engine) -> bool:
+    from ..models.lora import has_frozen
+
+    return has_frozen(engine)
+
+
+def _check_trainable_loaded(ckpt_dir: Path, engine, allowed: list) -> None:
+    """A non-strict load (LoRA) must still have found every trainable parameter: a checkpoint
+    of another adapter layout would otherwise leave fresh adapter weights in place unnoticed."""
+    files = sorted((ckpt_dir / "ds").glob("mp_rank_*_model_states.pt"))
+    if not files:
+        return
+    with torch.serialization.safe_globals(allowed):
+        saved = torch.load(files[0], map_location="cpu", weights_only=True, mmap=True).get("module") or {}
+    if not saved:   # ZeRO-3 keeps the weights in its optimizer shards
+        return
+    missing = [n for n, p in engine.module.named_parameters() if p.requires_grad and n not in saved]
+    if missing:
+        from ..errors import UserError
+
+        raise UserError(f"checkpoint {ckpt_dir} has no weights for {len(missing)} trainable parameter(s) "
+                        f"(e.g. {missing[0]}): it was saved with other model.lora settings")
+
+
+def export_hf(actor_engine, tokenizer, out_dir: Path, rank: int, step: int | None = None,
+              save_merged: bool = False) -> None:
     """The final policy as a `from_pretrained` directory (gathered from ZeRO-3 shards), written
     like a checkpoint: into final.tmp/, with a manifest.json (step, sizes, sha256), then
-    renamed. A run killed meanwhile has no (or its old) final/; `--resume auto` exports again."""
+    renamed. A run killed meanwhile has no (or its old) final/; `--resume auto` exports again.
+    A LoRA actor: the adapter in PEFT format, and with `save_merged` the merged model in
+    final/merged/ (`models.lora.save_final`)."""
     from ..engine.weights import full_state_dict
+    from ..models.lora import is_lora, save_final
 
+    lora = is_lora(actor_engine)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    if lora:
+        try:
+            if rank == 0 and tmp.exists():
+                shutil.rmtree(tmp)
+            save_final(actor_engine, tokenizer, tmp, rank, save_merged)   # every rank takes part
+            if rank == 0:
+                write_manifest(tmp, {"step": step, "kind": "final", "lora": True, "merged": bool(save_merged)})
+                _swap_in(tmp, out_dir)
+        except BaseException:
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return
     state = full_state_dict(actor_engine)  # every rank takes part in the gather
     if rank != 0:
         return
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
     try:
         if tmp.exists():
             shutil.rmtree(tmp)

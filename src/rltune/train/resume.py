@@ -22,7 +22,8 @@ from .setup import TrainError
 # bookkeeping that never changes what is trained: not a change at all (a copied or moved run
 # dir has another output_dir; raising max_steps continues a finished run)
 FREE = ("trainer.max_steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.output_dir",
-        "trainer.eval_every", "trainer.threads", "logging.", "preset", "lint.")
+        "trainer.eval_every", "trainer.threads", "trainer.save_merged", "rollout.lora_sync", "logging.", "preset",
+        "lint.")
 
 _WEIGHTS = "the checkpoint holds this model's weights (and its token ids)"
 _STEP = "a step's size and update count are fixed for a run: the data position and the LR schedule count in them"
@@ -32,6 +33,7 @@ _ZERO = "the optimizer state is saved in this ZeRO layout"
 FIXED = {
     "model.policy": _WEIGHTS, "model.critic": _WEIGHTS, "model.reference": "the KL anchor of the run",
     "model.tokenizer": _WEIGHTS, "model.trust_remote_code": _WEIGHTS,
+    "model.lora": "the checkpoint holds this adapter layout (or, without LoRA, full weights) and its optimizer state",
     "algorithm.name": "the optimizer state, critic and advantages belong to the algorithm the run started with",
     "algorithm.group_size": _STEP, "rollout.batch_size": _STEP, "train.batch_size": _STEP,
     "train.updates_per_step": _STEP, "train.ppo_epochs": _STEP,
@@ -82,11 +84,15 @@ def _is_free(key: str) -> bool:
 
 def recipe_changes(old: dict, new: dict) -> list[Change]:
     """Every key whose value differs between the checkpoint's recipe and this one, free keys
-    left out."""
-    a, b = _flatten(old), _flatten(new)
+    left out (`model.lora` compared as a whole)."""
     out = []
+    # model.lora as one key: turning LoRA on or off, or changing its layout, is one fixed change
+    old_model, new_model = old.get("model") or {}, new.get("model") or {}
+    if "lora" in old_model and old_model.get("lora") != new_model.get("lora"):
+        out.append(Change("model.lora", old_model.get("lora"), new_model.get("lora")))
+    a, b = _flatten(old), _flatten(new)
     for key in sorted(set(a) | set(b)):
-        if _is_free(key):
+        if _is_free(key) or key == "model.lora" or key.startswith("model.lora."):
             continue
         va, vb = a.get(key, _MISSING), b.get(key, _MISSING)
         if vb is _MISSING or (va is _MISSING and vb is None):

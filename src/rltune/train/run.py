@@ -327,7 +327,8 @@ def _finish(c, run_dir: Path, step: int, fresh: bool, eval_start, hint: str, fin
             LOG.warning("the run finished at step %d but its final export %s is not complete (%s): exporting it "
                         "again from checkpoint step %d", step, final_dir, problem, step)
         try:
-            ckpt.export_hf(c.actor, c.tokenizer, final_dir, c.dist.rank, step=step)
+            ckpt.export_hf(c.actor, c.tokenizer, final_dir, c.dist.rank, step=step,
+                           save_merged=c.recipe.trainer.save_merged)
         except (OSError, RuntimeError) as err:
             needed = sum(getattr(p, "ds_numel", p.numel()) * 4 for p in c.actor.module.parameters()) + (1 << 20)
             e = _storage_error(err, "the final policy", run_dir, needed, run_dir, hint,

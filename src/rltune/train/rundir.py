@@ -128,9 +128,9 @@ def checkpoint_estimate(engines: dict, precision: str, last_checkpoint: Path | N
         except (OSError, ValueError, KeyError, TypeError):
             pass
     n = 0
-    for engine in engines.values():
+    for engine in engines.values():   # trainable parameters only (LoRA checkpoints hold the adapter)
         if engine is not None:
-            n += sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
+            n += sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters() if p.requires_grad)
     per = (2 + 4 + 8) if precision in ("bf16", "fp16") else (4 + 8)
     return int(n * per * 1.05) + (1 << 20)
 

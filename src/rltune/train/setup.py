@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # types only: building them imports torch, transformers and d
     from transformers import PreTrainedTokenizerBase
 
     from ..algo.kl import AdaptiveKLController, FixedKLController
+    from ..models.lora import AdapterDisabledReference
     from ..reward import RewardComputer
     from ..rollout.base import RolloutEngine
 
@@ -38,7 +39,7 @@ class Components:
     rewards: "RewardComputer"
     actor: "DeepSpeedEngine"
     critic: "DeepSpeedEngine | None"        # PPO only
-    reference: "DeepSpeedEngine | None"     # None when no KL is computed
+    reference: "DeepSpeedEngine | AdapterDisabledReference | None"  # None when no KL is computed
     rollout: "RolloutEngine"
     kl_ctl: "Union[FixedKLController, AdaptiveKLController]"
     correction: str = "none"                # algorithm.rollout_correction.mode, resolved: none | tis | mis
@@ -80,6 +81,12 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = N
     from ..models.loading import load_causal_lm, load_tokenizer
     from ..reward import RewardComputer
 
+    if recipe.model.lora is not None and recipe.rollout.engine == "vllm":   # before anything heavy
+        from ..models.lora import check_rollout_sync
+
+        problem = check_rollout_sync(recipe, "vllm")
+        if problem:
+            raise TrainError(problem)
     if recipe.trainer.threads:
         torch.set_num_threads(recipe.trainer.threads)
     seed = recipe.trainer.seed if recipe.trainer.seed is not None else seed
@@ -129,15 +136,39 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = N
     total_updates = recipe.trainer.max_steps * recipe.optimizer_updates_per_step  # the LR schedule counts updates
     actor = build_actor(recipe, dist.device, total_updates)
     critic = build_critic(recipe, dist.device, total_updates) if recipe.has_critic else None
-    reference = build_reference(recipe, dist.device) if needs_reference(recipe) else None
+    reference = None
+    if needs_reference(recipe):
+        from ..models.lora import AdapterDisabledReference, adapter_reference_ok
+
+        if adapter_reference_ok(recipe):
+            reference = AdapterDisabledReference(actor)   # the actor with its adapter disabled: no copy
+        else:
+            reference = build_reference(recipe, dist.device)
 
     # rollout engine (its own copy of the policy, synced from the actor after every update)
     from ..rollout import make_rollout
 
-    rollout = make_rollout(recipe, lambda: load_causal_lm(
-        recipe.model.policy, recipe.trainer.precision if dist.device != "cpu" else "fp32",
-        recipe.model.attn_implementation, dist.device), tokenizer, dist.device,
-        world_size=dist.world_size)  # its choice and why: in the start-up block (progress.py)
+    lora = recipe.model.lora
+    def hf_model():
+        model = load_causal_lm(recipe.model.policy, recipe.trainer.precision if dist.device != "cpu" else "fp32",
+                               recipe.model.attn_implementation, dist.device)
+        if lora is None:
+            return model
+        from ..models.lora import rollout_model
+
+        return rollout_model(model, lora)   # the actor's adapter layers; sync points them at its tensors
+
+    rollout = make_rollout(recipe, hf_model, tokenizer, dist.device,
+                           world_size=dist.world_size)  # its choice and why: in the start-up block (progress.py)
+    if lora is not None:
+        from ..models.lora import check_rollout_sync
+
+        problem = check_rollout_sync(recipe, rollout.name)
+        if problem:
+            close = getattr(rollout, "close", None)
+            if close is not None:
+                close()
+            raise TrainError(problem)
     rollout.sync_weights(actor)
 
     kl = recipe.algorithm.kl

@@ -1,0 +1,321 @@
+"""LoRA adapters through PEFT (`model.lora`): build, reference view, merged weights, export.
+
+What LoRA changes in a run, and where it happens:
+- actor (and, for PPO, the critic backbone): `apply_lora` wraps the model in a PEFT model whose
+  base weights are frozen; only the adapter (and the biases `bias` names) has requires_grad, so
+  only those reach the optimizer (`engine.roles`). The critic's value head stays fully trainable.
+- reference: `AdapterDisabledReference`, the actor's own module run under PEFT's
+  `disable_adapter` context: the base model's output, exactly, without a second copy of the
+  weights. Only with `bias: none` (trained biases live inside the base layers, so disabling the
+  adapter would not give the base model back: the reference is then a full copy as usual).
+- rollout: the hf engine gets a model with the same adapter layers (`rollout_model`), whose base
+  weights and adapter point at the actor's own tensors after `sync_weights`; vLLM gets the merged
+  weights (`merged_params`: W + scaling * B @ A into new tensors, the actor untouched) under the
+  base model's parameter names, through its in-place reload.
+- checkpoints: DeepSpeed saves the trainable parameters only (`has_frozen`), and loads them
+  non-strictly (the frozen base comes from `model.policy` again).
+- final/: the adapter in PEFT format (adapter_config.json, adapter_model.safetensors) and, with
+  `trainer.save_merged`, the merged model in HF format in final/merged/.
+
+`peft` is imported only when a recipe sets `model.lora` (validate/schema never import it).
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import UserError
+
+PEFT_PREFIX = "base_model.model."   # PeftModel's prefix before the wrapped model's parameter names
+MERGED_DIR = "merged"               # final/merged/: the merged model (trainer.save_merged)
+
+
+class LoraError(UserError):
+    """A LoRA setting that cannot be used with this model (message is user-facing)."""
+
+
+def lora_config(cfg, task_type: str | None = None):
+    """PEFT's LoraConfig for the recipe's `model.lora` section."""
+    from peft import LoraConfig
+
+    targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+    return LoraConfig(r=int(cfg.r), lora_alpha=float(cfg.alpha), lora_dropout=float(cfg.dropout),
+                      target_modules=targets, bias=cfg.bias, task_type=task_type)
+
+
+def apply_lora(model, cfg, task_type: str | None = "CAUSAL_LM", autocast_adapter_dtype: bool = True):
+    """`model` wrapped in a PEFT model with a fresh adapter (lora_B = 0: the output is the base
+    model's until the adapter trains); base weights frozen. `task_type`: CAUSAL_LM for a causal
+    LM (actor, rollout copy), None for a bare backbone (the critic's)."""
+    from peft import get_peft_model
+
+    try:
+        return get_peft_model(model, lora_config(cfg, task_type), autocast_adapter_dtype=autocast_adapter_dtype)
+    except ValueError as err:
+        text = str(err).splitlines()[0][:300]
+        if "not found" in text or "target" in text.lower():
+            names = sorted(linear_module_names(model))
+            raise LoraError(f"model.lora.target_modules {cfg.target_modules!r}: {text}\n"
+                            f"  linear modules in this model: {', '.join(names) or '(none)'}\n"
+                            f"  fix: list some of these names, or use target_modules: all-linear") from err
+        raise
+
+
+def linear_module_names(model) -> set[str]:
+    """Last name components of the model's linear layers (what target_modules can name)."""
+    import torch
+
+    return {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name}
+
+
+def _module(engine_or_module):
+    return getattr(engine_or_module, "module", engine_or_module)
+
+
+def is_lora(engine_or_module) -> bool:
+    """Whether a model (or a DeepSpeed engine around one) is a PEFT model. Never imports peft:
+    when it was not imported, nothing can be one."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(_module(engine_or_module), peft.PeftModel)
+
+
+def has_frozen(engine) -> bool:
+    """Some parameters are frozen (LoRA's base weights): checkpoints hold the trainable ones only."""
+    return any(not p.requires_grad for p in _module(engine).parameters())
+
+
+def adapter_reference_ok(recipe) -> bool:
+    """The reference can be the actor with its adapter disabled: LoRA on, no separate reference
+    model, and no trained biases (those sit in the base layers: disabling the adapter keeps them)."""
+    lora = recipe.model.lora
+    return lora is not None and not recipe.model.reference and lora.bias == "none"
+
+
+def trainable_summary(engine) -> tuple[int, int]:
+    """(trainable, total) parameter counts (full sizes under ZeRO-3)."""
+    trainable = total = 0
+    for p in _module(engine).parameters():
+        n = getattr(p, "ds_numel", p.numel())
+        total += n
+        trainable += n if p.requires_grad else 0
+    return trainable, total
+
+
+# ------------------------------------------------------------------ the reference
+
+
+class _AdapterDisabled:
+    """Calls the actor's PEFT model with the adapter disabled and in eval mode (no dropout), and
+    shows the attributes the trainer's passes read (config, parameters, gradient checkpointing)."""
+
+    def __init__(self, peft_model):
+        self._peft = peft_model
+
+    @property
+    def config(self):
+        return self._peft.get_base_model().config
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return bool(getattr(self._peft.get_base_model(), "is_gradient_checkpointing", False))
+
+    def parameters(self):
+        return self._peft.parameters()
+
+    def named_parameters(self, *args, **kwargs):
+        return self._peft.named_parameters(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        peft = self._peft
+        training = peft.training
+        if training:
+            peft.eval()
+        try:
+            with peft.disable_adapter():
+                return peft(*args, **kwargs)
+        finally:
+            if training:
+                peft.train()
+
+
+class AdapterDisabledReference:
+    """The reference role with LoRA: `.module` runs the actor's own module with the adapter
+    disabled, so its log-probs are the base model's, with no second copy of the weights.
+    Stands where a frozen DeepSpeed engine would (`Components.reference`)."""
+
+    def __init__(self, actor_engine):
+        self.actor = actor_engine
+        self.module = _AdapterDisabled(_module(actor_engine))
+
+    def eval(self):
+        return self
+
+    def zero_optimization_stage(self) -> int:
+        return getattr(self.actor, "zero_optimization_stage", lambda: 0)()
+
+
+# ------------------------------------------------------------------ rollout
+
+
+def rollout_model(model, cfg):
+    """The hf rollout engine's model: `model` (a plain causal LM) with the same adapter layers as
+    the actor's, returned as the HF model itself (not the PEFT wrapper: `generate` runs as usual).
+    Its parameter names are the actor's without PEFT's prefix (`hf_rollout_name`); the engine
+    then points them at the actor's tensors. Its own adapter's random init does not touch the
+    trainer's RNG streams."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        peft_model = apply_lora(model, cfg, autocast_adapter_dtype=False)
+    return peft_model.get_base_model()
+
+
+def hf_rollout_name(name: str) -> str:
+    """An actor parameter name as the hf rollout model (the unwrapped base model) names it."""
+    return name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name
+
+
+def base_name(name: str) -> str:
+    """An actor parameter name as the base model's checkpoint names it (`...q_proj.weight`)."""
+    return hf_rollout_name(name).replace(".base_layer.", ".")
+
+
+def merged_params(engine) -> Iterator[tuple[str, "object"]]:
+    """(base-model name, tensor) for every base parameter with the adapter merged in:
+    W + scaling * B @ A for adapted layers (PEFT's own delta, new tensors: the actor's weights
+    are never modified), the base tensors as they are otherwise. Adapter parameters are not
+    yielded; a tied weight once (as `named_parameters` does). Under ZeRO-3 each module's
+    parameters are gathered while it is read."""
+    from peft.tuners.lora import LoraLayer
+
+    from ..engine.weights import is_zero3
+
+    peft_model = _module(engine)
+    base = peft_model.get_base_model()
+    adapter = peft_model.active_adapter
+    zero3 = is_zero3(engine)
+    seen: set[int] = set()
+    lora_prefixes: list[str] = []
+    for mod_name, mod in base.named_modules():
+        if any(mod_name.startswith(p) for p in lora_prefixes):
+            continue   # inside an adapted layer: handled with it
+        if isinstance(mod, LoraLayer):
+            lora_prefixes.append(mod_name + ".")
+            layer = mod.get_base_layer()
+            with _gathered(list(mod.parameters()), zero3):
+                delta = mod.get_delta_weight(adapter) if adapter in mod.lora_A or adapter in getattr(
+                    mod, "lora_embedding_A", {}) else None
+                for pname, p in layer.named_parameters(recurse=False):
+                    if id(p) in seen:
+                        continue
+                    seen.add(id(p))
+                    t = p.detach()
+                    if pname == "weight" and delta is not None:
+                        t = t + delta.to(t.dtype)
+                    elif zero3:
+                        t = t.clone()
+                    yield f"{mod_name}.{pname}", t
+            continue
+        own = [(n, p) for n, p in mod.named_parameters(recurse=False) if id(p) not in seen]
+        if not own:
+            continue
+        with _gathered([p for _, p in own], zero3):
+            for pname, p in own:
+                seen.add(id(p))
+                yield (f"{mod_name}.{pname}" if mod_name else pname), (p.detach().clone() if zero3 else p.detach())
+
+
+def _gathered(params, zero3: bool):
+    if not zero3:
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
+
+def input_embedding_base_name(engine) -> str | None:
+    """The base-model name of the input embedding (vLLM's tied LM head is sent under it)."""
+    peft_model = _module(engine)
+    try:
+        emb = peft_model.get_input_embeddings().weight
+    except Exception:  # noqa: BLE001
+        return None
+    for name, p in peft_model.named_parameters():
+        if p is emb:
+            return base_name(name)
+    return None
+
+
+# ------------------------------------------------------------------ final/
+
+
+def adapter_state_dict(engine) -> dict:
+    """The trainable parameters (adapter, and trained biases) under the PEFT model's names, on
+    CPU, gathered under ZeRO-3 (every rank takes part)."""
+    from ..engine.weights import is_zero3
+
+    peft_model = _module(engine)
+    named = [(n, p) for n, p in peft_model.named_parameters() if p.requires_grad]
+    with _gathered([p for _, p in named], is_zero3(engine)):
+        return {n: p.detach().float().cpu().clone() for n, p in named}
+
+
+def save_final(engine, tokenizer, out: Path, rank: int, save_merged: bool) -> None:
+    """Write the adapter in PEFT format into `out` (and the merged HF model into out/merged/ with
+    `save_merged`). Every rank calls it (ZeRO-3 gathers); rank 0 writes."""
+    state = adapter_state_dict(engine)
+    merged = {n: t.float().cpu() for n, t in merged_params(engine)} if save_merged else None
+    if rank != 0:
+        return
+    peft_model = _module(engine)
+    peft_model.save_pretrained(str(out), state_dict=state, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    if merged is not None:
+        base = peft_model.get_base_model()
+        _save_plain(base, merged, out / MERGED_DIR)
+        tokenizer.save_pretrained(out / MERGED_DIR)
+
+
+def _save_plain(base, state: dict, out: Path) -> None:
+    """A `from_pretrained` directory of a plain model of `base`'s config holding `state`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(base.config)
+    plain.load_state_dict(state, strict=False, assign=True)
+    plain.tie_weights()
+    missing = [n for n, p in plain.named_parameters() if p.is_meta]
+    if missing:
+        raise RuntimeError(f"merged export: no weights for {missing[:5]}")
+    if getattr(base, "generation_config", None) is not None:
+        plain.generation_config = base.generation_config
+    plain.save_pretrained(out, safe_serialization=True)
+
+
+# ------------------------------------------------------------------ checks and start-up line
+
+
+def check_rollout_sync(recipe, engine_name: str) -> str | None:
+    """None when `rollout.lora_sync` works with this rollout engine, else the user-facing error."""
+    if recipe.model.lora is None or recipe.rollout.lora_sync != "adapter" or engine_name != "vllm":
+        return None
+    return ("rollout.lora_sync: adapter is not supported with the vLLM rollout engine in this build of rltune "
+            "(only the merged weights are pushed into vLLM)\n"
+            "  fix: set rollout.lora_sync: merged (the default), or rollout.engine: hf (which samples with the "
+            "actor's own adapter tensors, no sync needed)")
+
+
+def startup_line(c) -> str:
+    lora = c.recipe.model.lora
+    trainable, total = trainable_summary(c.actor)
+    ref = ("the actor with its adapter disabled (no copy)" if isinstance(c.reference, AdapterDisabledReference)
+           else "a full copy" if c.reference is not None else "none")
+    targets = lora.target_modules if isinstance(lora.target_modules, str) else ",".join(lora.target_modules)
+    sync = "shared adapter tensors" if c.rollout.name == "hf" else f"{c.recipe.rollout.lora_sync} weights"
+    return (f"LoRA: r {lora.r}, alpha {lora.alpha:g} (scale {lora.alpha / lora.r:g}), targets {targets}; actor trains "
+            f"{trainable:,} of {total:,} parameters ({100.0 * trainable / max(total, 1):.2f}%); reference: {ref}; "
+            f"rollout sync: {sync}")

@@ -1,0 +1,180 @@
+"""Lint rules for LoRA adapters (`model.lora`): the learning rate an adapter needs, a rank the
+targeted layers cannot hold, the alpha / r scaling, and the rollout sync mode.
+
+Same shape as rules.py (id, severity, condition, why; a fix that names the new value). The rules
+register in rules.RULES when rules.py imports this module, before its waiver rules. Lint cannot
+load the model (no torch): what needs the model's modules is checked when the run starts
+(models/lora.py: a `target_modules` name that matches nothing stops the run with the names that
+exist; `lora-r-large` here only fires where the layer sizes are known without loading anything).
+
+Source for the learning rate: J. Schulman and Thinking Machines Lab, "LoRA Without Regret"
+(2025): with LoRA on all layers the optimal lr came out ~10x full fine-tuning's, measured with
+alpha = 32 and PEFT's alpha / r scaling (which makes the optimal lr nearly independent of r).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from rltune.recipe.rules import (
+    ACTOR_LR_RANGE,
+    CRITIC_LR_FACTOR,
+    LORA_LR_FACTOR,
+    LORA_LR_RANGE,
+    LORA_LR_START,
+    RULES,
+    Ctx,
+    Hit,
+    num,
+    rule,
+)
+from rltune.recipe.schema import Recipe
+
+ALPHA_SCALE = (0.5, 4.0)     # alpha / r outside this is an unusual scaling
+ALPHA_SCALE_DEFAULT = 2.0    # alpha = 2r: the common default
+
+# SmolLM2-135M(-Instruct)'s architecture (a Llama): the GGUF that `builtin:smollm2-135m-instruct`
+# converts is only read when a run starts, so its sizes are written here (HuggingFaceTB/SmolLM2-135M
+# config.json: hidden 576, intermediate 1536, 9 heads, 3 key/value heads of 64)
+SMOLLM2_135M = dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3)
+
+
+def _builtin_config(spec: Optional[str]) -> Optional[dict]:
+    """The architecture of a builtin model as a plain dict, or None where it is not known without
+    loading the model (hub ids, local directories)."""
+    if not spec or not spec.startswith("builtin:"):
+        return None
+    name = spec[len("builtin:"):]
+    if name == "smollm2-135m-instruct":
+        return SMOLLM2_135M
+    from rltune.models.builtin import TINY_CONFIGS  # plain dicts; the module imports torch only in functions
+
+    return TINY_CONFIGS.get(name)
+
+
+def linear_shapes(cfg: dict) -> dict:
+    """(in, out) features of a Llama/Qwen2 decoder layer's linear modules, by module name: what
+    `all-linear` adapts (PEFT leaves the output head out)."""
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    nh = cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads") or nh
+    hd = cfg.get("head_dim") or h // nh
+    return {"q_proj": (h, nh * hd), "k_proj": (h, nkv * hd), "v_proj": (h, nkv * hd), "o_proj": (nh * hd, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def smallest_target(spec: Optional[str], target_modules) -> Optional[tuple]:
+    """(module name, its smallest dimension) over the targeted modules of a model whose sizes are
+    known without torch; None when they are not (or no listed name is one we know)."""
+    cfg = _builtin_config(spec)
+    if cfg is None or cfg.get("model_type") not in ("llama", "qwen2"):
+        return None
+    shapes = linear_shapes(cfg)
+    if isinstance(target_modules, str):  # all-linear
+        names = list(shapes)
+    else:  # PEFT matches a list entry against the end of a module's dotted name
+        names = [n.rsplit(".", 1)[-1] for n in target_modules if n.rsplit(".", 1)[-1] in shapes]
+    if not names:
+        return None  # nothing we know: the start-of-run check reports names that match nothing
+    best = min(names, key=lambda n: min(shapes[n]))
+    return best, min(shapes[best])
+
+
+def _round_lr(x: float) -> float:
+    return float(f"{x:.1e}")
+
+
+# ---------------------------------------------------------------- learning rate
+
+@rule("lora-lr", "warning",
+      "model.lora set and actor.lr <= 5e-6 (the full-fine-tuning range [1e-7, 5e-6] or below)",
+      "an adapter learns from far fewer parameters: Schulman & Thinking Machines, \"LoRA Without Regret\" (2025), "
+      "found the optimal LoRA lr ~10x full fine-tuning's (measured with alpha = 32 and alpha / r scaling, which "
+      "keeps it nearly independent of r); alpha = 2r is the common default, and since the adapter's output is "
+      "scaled by alpha / r, raising alpha acts like raising the lr: change one, not both")
+def lora_lr(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    lora = r.model.lora
+    if lora is None or r.actor.lr > ACTOR_LR_RANGE[1]:
+        return
+    a = r.actor.lr
+    new = min(max(_round_lr(a * LORA_LR_FACTOR), LORA_LR_START), LORA_LR_RANGE[1])
+    how = (f"{LORA_LR_FACTOR:g} x actor.lr" if new == _round_lr(a * LORA_LR_FACTOR)
+           else "the playbook's start 1.0e-06 x 10" if new == LORA_LR_START else "the LoRA range's top")
+    fix = f"set actor.lr: {num(new)} ({how}; LoRA range [{num(LORA_LR_RANGE[0])}, {num(LORA_LR_RANGE[1])}])"
+    if r.has_critic:
+        fix += f" and critic.lr: {num(_round_lr(new * CRITIC_LR_FACTOR))} ({CRITIC_LR_FACTOR:g} x actor.lr)"
+    yield Hit("actor.lr",
+              f"model.lora (r {lora.r}, alpha {lora.alpha:g}, scale alpha / r = {lora.alpha / lora.r:g}) with actor.lr "
+              f"{num(a)}, a full-fine-tuning lr: the adapter will barely move; {RULES['lora-lr'].why}", fix)
+
+
+# ---------------------------------------------------------------- rank and scaling
+
+@rule("lora-r-large", "error",
+      "model.lora.r > the smallest dimension of a targeted layer (checked where the layer sizes are known without "
+      "loading the model: the builtin models)",
+      "an r x in and an out x r matrix cannot hold a rank above min(in, out): the extra rank only adds parameters, "
+      "optimizer state and noise")
+def lora_r_large(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    lora = r.model.lora
+    if lora is None:
+        return
+    specs = [("model.policy", r.model.policy)]
+    if r.has_critic and r.model.critic and r.model.critic != r.model.policy:
+        specs.append(("model.critic", r.model.critic))
+    for key, spec in specs:
+        found = smallest_target(spec, lora.target_modules)
+        if found is None or lora.r <= found[1]:
+            continue
+        name, dim = found
+        targets = lora.target_modules if isinstance(lora.target_modules, str) else "[" + ", ".join(lora.target_modules) + "]"
+        yield Hit("model.lora.r",
+                  f"model.lora.r {lora.r} is larger than {name}'s smallest dimension {dim} in {key} {spec} "
+                  f"(target_modules {targets}): {RULES['lora-r-large'].why}",
+                  f"set model.lora.r: {dim} (at most {name}'s {dim}; 8-64 is usual) and model.lora.alpha: "
+                  f"{num(float(ALPHA_SCALE_DEFAULT * dim))} (2r)")
+        return
+
+
+@rule("lora-alpha", "info",
+      "model.lora alpha / r outside [0.5, 4]",
+      "the adapter's output is scaled by alpha / r: alpha = 2r (scale 2) is the common default; a scale far from it "
+      "acts like multiplying the lr by it (LoRA Without Regret's ~10x lr advice assumes the usual scaling)")
+def lora_alpha(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    lora = r.model.lora
+    if lora is None:
+        return
+    s = lora.alpha / lora.r
+    if ALPHA_SCALE[0] <= s <= ALPHA_SCALE[1]:
+        return
+    yield Hit("model.lora.alpha",
+              f"model.lora.alpha {lora.alpha:g} / r {lora.r} = {s:.3g}, outside [{ALPHA_SCALE[0]:g}, {ALPHA_SCALE[1]:g}]: "
+              f"{RULES['lora-alpha'].why}",
+              f"set model.lora.alpha: {num(float(ALPHA_SCALE_DEFAULT * lora.r))} (2r), or keep it and scale actor.lr "
+              f"by {ALPHA_SCALE_DEFAULT / s:.3g} instead")
+
+
+# ---------------------------------------------------------------- rollout sync
+
+@rule("lora-sync-adapter", "info",
+      "model.lora with rollout.lora_sync adapter and rollout.engine hf; an error with an engine that cannot take "
+      "the adapter (the start-of-run check, models/lora.py)",
+      "the hf engine samples with the actor's own adapter tensors: there is nothing to push, whatever lora_sync says")
+def lora_sync_adapter(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    if r.model.lora is None or r.rollout.lora_sync != "adapter":
+        return
+    engine = r.rollout.engine
+    if engine == "hf":
+        yield Hit("rollout.lora_sync",
+                  f"rollout.lora_sync adapter with rollout.engine hf: {RULES['lora-sync-adapter'].why}",
+                  "remove rollout.lora_sync (it matters only for rollout.engine vllm)")
+    elif engine == "vllm":
+        # the same verdict the run gives at start, said before any GPU hour is spent
+        from rltune.models.lora import check_rollout_sync  # no torch at import
+
+        problem = check_rollout_sync(r, "vllm")
+        if problem:
+            msg, _, fix = problem.partition("\n  fix: ")
+            yield Hit("rollout.lora_sync", msg.strip() + " (the run would stop at start)",
+                      fix.strip() or "set rollout.lora_sync: merged", severity="error")

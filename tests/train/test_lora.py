@@ -1,0 +1,321 @@
+"""LoRA RL (`model.lora`, models/lora.py): adapter-only optimizer, the reference is the base model
+(the actor with its adapter disabled, exactly), the hf engine samples with the live adapter,
+merged weights equal the adapted model, adapter-only checkpoints that resume exactly, final/ in
+PEFT format (+ final/merged/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rltune.recipe.schema import Recipe
+from trainlib import read_metrics, run_inproc, tiny_recipe
+
+LORA = {"r": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": "all-linear"}
+VOLATILE = ("timing/", "throughput/")
+
+
+@pytest.fixture(scope="module")
+def dist():
+    from rltune.engine.distributed import init_distributed
+
+    return init_distributed("cpu")
+
+
+def _recipe(algo="grpo", lora=None, **actor):
+    return Recipe.model_validate({
+        "model": {"policy": "builtin:tiny-llama", "lora": dict(LORA, **(lora or {}))},
+        "data": {"train": "builtin:arithmetic"}, "reward": {"functions": ["builtin:format"]},
+        "algorithm": {"name": algo}, "actor": {"lr": 5e-2, "warmup_steps": 0, **actor},
+        "critic": {"lr": 1e-1, "warmup_steps": 0},
+        "rollout": {"batch_size": 8}, "train": {"batch_size": 8, "micro_batch_size": 8}})
+
+
+def _experience(seed=0):
+    from rltune.rollout.experience import Experience
+
+    g = torch.Generator().manual_seed(seed)
+    B, P, T = 8, 4, 5
+    lengths = torch.tensor([5, 1, 3, 5, 2, 4, 5, 1])
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
+    return Experience(
+        prompt_ids=torch.randint(4, 60, (B, P), generator=g), prompt_mask=torch.ones(B, P, dtype=torch.long),
+        response_ids=torch.randint(4, 60, (B, T), generator=g), response_mask=mask,
+        advantages=torch.randn(B, T, generator=g) * mask)
+
+
+def _train_adapter(actor, r, updates=3):
+    """Real optimizer updates: the adapter moves away from its zero start."""
+    from rltune.recipe.knobs import Knobs
+    from rltune.train.update import make_actor_loss, run_update
+
+    knobs = Knobs(r.actor.lr, r.critic.lr, 0.0, 0.2, 0.0)
+    loss = make_actor_loss(actor, r, knobs)
+    for i in range(updates):
+        res = run_update(actor, [_experience(i)], loss, r.algorithm.loss_agg)
+        assert not res.skipped, res.reason
+    lora_b = [p for n, p in actor.module.named_parameters() if "lora_B" in n]
+    assert lora_b and all(float(p.detach().abs().max()) > 0 for p in lora_b)
+
+
+def test_only_the_adapter_reaches_the_optimizer(dist):
+    from rltune.engine.roles import build_actor, build_critic
+
+    r = _recipe("ppo")
+    actor = build_actor(r, "cpu", 10)
+    trainable = {id(p) for p in actor.module.parameters() if p.requires_grad}
+    in_opt = {id(p) for g in actor.optimizer.param_groups for p in g["params"]}
+    assert in_opt == trainable
+    names = [n for n, p in actor.module.named_parameters() if p.requires_grad]
+    assert names and all("lora_A" in n or "lora_B" in n for n in names), names
+    n_train = sum(p.numel() for p in actor.module.parameters() if p.requires_grad)
+    n_all = sum(p.numel() for p in actor.module.parameters())
+    assert n_train < 0.25 * n_all, (n_train, n_all)
+    # every linear layer but the LM head got an adapter
+    adapted = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n in names if "lora_A" in n}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+    critic = build_critic(r, "cpu", 10)
+    trainable = {n for n, p in critic.module.named_parameters() if p.requires_grad}
+    assert {"value_head.weight", "value_head.bias"} <= trainable         # the value head trains fully
+    assert all(n.startswith("value_head.") or "lora_" in n for n in trainable), trainable
+    in_opt = {id(p) for g in critic.optimizer.param_groups for p in g["params"]}
+    assert in_opt == {id(p) for p in critic.module.parameters() if p.requires_grad}
+
+
+def test_reference_is_the_base_model_exactly(dist):
+    from rltune.engine.roles import build_actor
+    from rltune.models.lora import AdapterDisabledReference
+    from rltune.models.loading import load_causal_lm
+    from rltune.train.update import forward_logp
+
+    r = _recipe()
+    actor = build_actor(r, "cpu", 10)
+    _train_adapter(actor, r)
+    actor.train()
+    reference = AdapterDisabledReference(actor)
+    exp = _experience(5)
+    ref = forward_logp(reference.module, exp, 1.0, 4)
+    assert actor.module.training                                      # the reference pass restored the mode
+    base = load_causal_lm("builtin:tiny-llama", "fp32", r.model.attn_implementation, "cpu").eval()
+    want = forward_logp(base, exp, 1.0, 4)
+    assert torch.equal(ref, want)                                     # exactly the pretrained model
+    actor.eval()
+    adapted = forward_logp(actor.module, exp, 1.0, 4)
+    assert (adapted - want).abs().max() > 1e-3                        # the adapter is on outside the view
+    # no second copy: the reference's parameters are the actor's
+    assert [id(p) for p in reference.module.parameters()] == [id(p) for p in actor.module.parameters()]
+    # the frozen base weights never moved
+    own = dict(base.named_parameters())
+    from rltune.models.lora import base_name
+
+    for n, p in actor.module.named_parameters():
+        if not p.requires_grad:
+            assert torch.equal(p, own[base_name(n)]), n
+
+
+def test_hf_engine_samples_with_the_live_adapter(dist):
+    from rltune.engine.roles import build_actor
+    from rltune.models.loading import load_causal_lm, load_tokenizer
+    from rltune.models.lora import rollout_model
+    from rltune.rollout.base import Sampling
+    from rltune.rollout.hf import HFRollout
+    from rltune.train.update import forward_logp
+
+    r = _recipe()
+    actor = build_actor(r, "cpu", 10)
+    tok = load_tokenizer("builtin:tiny-llama")
+    engine = HFRollout(rollout_model(load_causal_lm("builtin:tiny-llama", "fp32", "sdpa", "cpu"), r.model.lora), tok)
+    engine.sync_weights(actor)
+    own = dict(engine.model.named_parameters())
+    from rltune.models.lora import hf_rollout_name
+
+    for name, p in actor.module.named_parameters():                   # base and adapter: shared storage
+        assert own[hf_rollout_name(name)].data_ptr() == p.data_ptr(), name
+    _train_adapter(actor, r)                                           # in-place optimizer updates
+    prompts = [tok(t)["input_ids"] for t in ("12+34=", "7*8=", "5+5=")]
+    exp = engine.generate(prompts, Sampling(n=2, max_new_tokens=6))
+    actor.eval()
+    want = forward_logp(actor.module, exp, 1.0, 8)
+    diff = ((exp.rollout_logp - want).abs() * exp.response_mask).max()
+    assert float(diff) < 1e-4, float(diff)
+
+
+def test_merged_weights_equal_the_adapted_model_and_leave_the_actor_alone(dist):
+    from transformers import AutoModelForCausalLM
+
+    from rltune.engine.roles import build_actor
+    from rltune.models.loading import resolve_model_dir
+    from rltune.models.lora import merged_params
+
+    r = _recipe()
+    actor = build_actor(r, "cpu", 10)
+    _train_adapter(actor, r)
+    before = {n: p.detach().clone() for n, p in actor.module.named_parameters()}
+    merged = dict(merged_params(actor))
+    assert not any("lora_" in n or "base_layer" in n for n in merged)
+    plain = AutoModelForCausalLM.from_pretrained(resolve_model_dir("builtin:tiny-llama")).eval()
+    assert set(merged) == {n for n, _ in plain.named_parameters()}
+    plain.load_state_dict(merged, strict=False)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    actor.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(plain(input_ids=ids).logits, actor.module(input_ids=ids).logits,
+                                   rtol=1e-5, atol=1e-5)
+    for n, p in actor.module.named_parameters():
+        assert torch.equal(p, before[n]), n
+
+
+def test_lora_sync_adapter_with_vllm_is_refused_at_start(tmp_path, capfd):
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", model__lora=LORA, rollout__engine="vllm",
+                       rollout__lora_sync="adapter", trainer__max_steps=1)
+    res = run_inproc(capfd, "train", path)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "rollout.lora_sync: adapter is not supported" in res.stderr and "lora_sync: merged" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def _comparable(metrics):
+    return [{k: v for k, v in m.items() if not k.startswith(VOLATILE)} for m in metrics]
+
+
+def _ckpt_size(path: Path) -> int:
+    return sum(int(f["size"]) for f in json.loads((path / "manifest.json").read_text())["files"].values())
+
+
+def test_train_resume_checkpoint_size_and_final(tmp_path, capfd):
+    """PPO with LoRA (actor and critic adapters): stopping at step 2 and resuming gives the
+    uninterrupted run's metrics; checkpoints are a fraction of full fine-tuning's; final/ holds
+    the adapter in PEFT format and the merged model, which agree."""
+    common = dict(trainer__save_every=2, trainer__seed=7, trainer__eval_every=0, rollout__max_new_tokens=4)
+
+    def recipe(sub, lora=True, **kw):
+        d = tmp_path / sub
+        d.mkdir()
+        extra = {"model__lora": LORA, "trainer__save_merged": True} if lora else {}
+        return tiny_recipe(d, "tiny-ppo.yaml", **common, **extra, **kw), d / "run"
+
+    full_path, full_dir = recipe("full", trainer__max_steps=4)
+    res = run_inproc(capfd, "train", full_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "LoRA: r 4" in res.stderr and "reference: the actor with its adapter disabled" in res.stderr
+
+    part_path, part_dir = recipe("part", trainer__max_steps=2)
+    res = run_inproc(capfd, "train", part_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    res = run_inproc(capfd, "train", part_path, "trainer.max_steps=4", "--resume", "auto")
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "resumed from" in res.stderr
+    got, want = _comparable(read_metrics(part_dir)), _comparable(read_metrics(full_dir))
+    assert [m["step"] for m in got] == [1, 2, 3, 4]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for k in g:
+            assert g[k] == pytest.approx(w[k], rel=1e-5, abs=1e-7), (g["step"], k, g[k], w[k])
+
+    # checkpoint size: LoRA vs full fine-tuning of the same model
+    ff_path, ff_dir = recipe("fullft", lora=False, trainer__max_steps=2)
+    res = run_inproc(capfd, "train", ff_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    lora_size = _ckpt_size(full_dir / "checkpoints" / "step-00000002")
+    full_size = _ckpt_size(ff_dir / "checkpoints" / "step-00000002")
+    print(f"checkpoint bytes: full fine-tuning {full_size}, LoRA r=4 {lora_size} ({full_size / lora_size:.1f}x)")
+    assert lora_size * 4 < full_size, (lora_size, full_size)
+
+    # final/: the adapter in PEFT format + final/merged/, which agree
+    final = full_dir / "final"
+    assert (final / "adapter_config.json").exists() and (final / "adapter_model.safetensors").exists()
+    assert not (final / "model.safetensors").exists()
+    assert (final / "merged" / "config.json").exists() and (final / "merged" / "model.safetensors").exists()
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rltune.models.loading import resolve_model_dir
+
+    base = AutoModelForCausalLM.from_pretrained(resolve_model_dir("builtin:tiny-llama"))
+    adapted = PeftModel.from_pretrained(base, str(final)).eval()
+    merged = AutoModelForCausalLM.from_pretrained(str(final / "merged")).eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        a, m = adapted(input_ids=ids).logits, merged(input_ids=ids).logits
+        b = AutoModelForCausalLM.from_pretrained(resolve_model_dir("builtin:tiny-llama"))(input_ids=ids).logits
+    torch.testing.assert_close(a, m, rtol=1e-5, atol=1e-5)
+    assert (a - b).abs().max() > 1e-4                                 # the adapter learned something
+
+
+def test_two_ranks_match_one_with_lora(tmp_path, capfd):
+    """Greedy PPO with LoRA on the actor and the critic: 2 CPU ranks (torchrun, gloo) give the
+    metrics of 1 rank (adapter gradients averaged over ranks like full weights)."""
+    from trainlib import run_cli
+
+    keys = ["reward/mean", "kl", "actor/loss", "actor/grad_norm", "critic/loss", "critic/grad_norm",
+            "response/length_mean", "actor/entropy"]
+
+    def run(sub, *extra):
+        d = tmp_path / sub
+        d.mkdir()
+        path = tiny_recipe(d, "tiny-ppo.yaml", model__lora=LORA, rollout__do_sample=False, trainer__max_steps=2,
+                           trainer__eval_every=0)
+        # one rank in this process (no import per run), two through the launcher
+        res = run_cli("train", path, "--quiet", *extra) if extra else run_inproc(capfd, "train", path, "--quiet")
+        assert res.returncode == 0, res.stderr[-3000:]
+        return read_metrics(d / "run")
+
+    one, two = run("one"), run("two", "--nproc", "2")
+    assert len(one) == len(two) == 2
+    for a, b in zip(one, two):
+        for k in keys:
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-5), (a["step"], k, a[k], b[k])
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_adapter_checkpoint_round_trip_per_zero_stage(dist, tmp_path, stage):
+    """Every ZeRO stage: the adapter trains with the base frozen, the checkpoint holds the adapter
+    and its optimizer state only, and a fresh actor loaded from it continues exactly."""
+    from rltune.engine.roles import build_actor
+    from rltune.engine.weights import full_state_dict
+    from rltune.train import checkpoint as ckpt
+
+    r = _recipe(zero_stage=stage)
+    torch.manual_seed(0)
+    actor = build_actor(r, "cpu", 10)
+    base_before = {n: t for n, t in full_state_dict(actor).items() if "lora_" not in n}
+    _train_adapter(actor, r, updates=2)
+    base_after = {n: t for n, t in full_state_dict(actor).items() if "lora_" not in n}
+    assert all(torch.equal(base_before[n], base_after[n]) for n in base_before)
+    gen = torch.Generator().manual_seed(1)
+    path = ckpt.save(tmp_path, 2, {"actor": actor}, {"step": 2}, gen, 0, keep=2)
+    saved = {p.name for p in (path / "actor" / "ds").iterdir()}
+    module_file = path / "actor" / "ds" / "mp_rank_00_model_states.pt"
+    if stage < 3:   # ZeRO-3 keeps weights in its optimizer shards
+        keys = torch.load(module_file, weights_only=False)["module"].keys()
+        assert keys and all("lora_" in k for k in keys if not k.endswith("inv_freq")), (saved, list(keys)[:5])
+
+    torch.manual_seed(123)   # another adapter init: the load must replace it
+    fresh = build_actor(r, "cpu", 10)
+    ckpt.load(path, {"actor": fresh}, torch.Generator(), 0)
+    a, b = full_state_dict(actor), full_state_dict(fresh)
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    _train_adapter(actor, r, updates=1)
+    _train_adapter(fresh, r, updates=1)   # optimizer state restored: the next update is the same
+    a, b = full_state_dict(actor), full_state_dict(fresh)
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_lora_settings_cannot_change_on_resume(tmp_path):
+    from rltune.train.resume import FIXED, check_changes, recipe_changes
+    from rltune.train.setup import TrainError
+
+    old = {"model": {"policy": "p", "lora": dict(LORA, bias="none")}, "rollout": {"lora_sync": "merged"},
+           "trainer": {"save_merged": False}}
+    new = {"model": {"policy": "p", "lora": dict(LORA, bias="none", r=8)}, "rollout": {"lora_sync": "adapter"},
+           "trainer": {"save_merged": True}}
+    changes = recipe_changes(old, new)
+    assert [c.key for c in changes] == ["model.lora"] and "model.lora" in FIXED   # sync/export: free
+    with pytest.raises(TrainError, match="model.lora"):
+        check_changes(changes, True, tmp_path / "step-00000002", tmp_path)
+    off = recipe_changes(old, {**new, "model": {"policy": "p", "lora": None}})
+    assert [c.key for c in off] == ["model.lora"]

