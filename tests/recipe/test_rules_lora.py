@@ -113,13 +113,17 @@ def test_lora_r_large_only_where_sizes_are_known(write):
 def test_lora_sync_adapter_with_vllm_says_what_the_start_says(write):
     from rltune.models.lora import check_rollout_sync
 
+    # vLLM takes the adapter (A, B) as a LoRA: no finding, and the start-of-run check agrees
     recipe, f = check(write(MINIMAL), [LORA, "rollout.engine=vllm", "rollout.lora_sync=adapter"])
-    hits = [x for x in f if x.rule == "lora-sync-adapter"]
-    if check_rollout_sync(recipe, "vllm"):
-        [x] = hits
-        assert x.severity == "error" and "rollout.lora_sync" in x.fix
-    else:
-        assert hits == []
+    assert [x for x in f if x.rule == "lora-sync-adapter"] == []
+    assert check_rollout_sync(recipe, "vllm") is None
+    # what vLLM's adapters cannot carry: trained biases, ranks above 512
+    for bad, fix in (("model.lora={r: 8, alpha: 16, bias: all}", "lora_sync: merged"),
+                     ("model.lora={r: 1024, alpha: 2048}", "r <= 512")):
+        recipe, f = check(write(MINIMAL), [bad, "rollout.engine=vllm", "rollout.lora_sync=adapter"])
+        [x] = [x for x in f if x.rule == "lora-sync-adapter"]
+        assert x.severity == "error" and fix in x.fix, x
+        assert check_rollout_sync(recipe, "vllm")
     _, f = check(write(MINIMAL), [LORA, "rollout.engine=auto", "rollout.lora_sync=adapter"])
     assert [x for x in f if x.rule == "lora-sync-adapter"] == []  # the engine is picked at start
 

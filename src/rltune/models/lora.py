@@ -299,14 +299,42 @@ def _save_plain(base, state: dict, out: Path) -> None:
 # ------------------------------------------------------------------ checks and start-up line
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)   # vLLM's allowed max_lora_rank values
+
+
+def vllm_max_lora_rank(r: int) -> int | None:
+    """The smallest rank vLLM accepts as max_lora_rank that holds `r`; None above vLLM's largest."""
+    return next((x for x in VLLM_LORA_RANKS if x >= int(r)), None)
+
+
 def check_rollout_sync(recipe, engine_name: str) -> str | None:
-    """None when `rollout.lora_sync` works with this rollout engine, else the user-facing error."""
-    if recipe.model.lora is None or recipe.rollout.lora_sync != "adapter" or engine_name != "vllm":
+    """None when `rollout.lora_sync` works with this rollout engine, else the user-facing error.
+    `adapter` with vLLM: the engine loads the adapter (A, B) as a vLLM LoRA; vLLM's adapters carry
+    no biases and have a largest rank."""
+    lora = recipe.model.lora
+    if lora is None or recipe.rollout.lora_sync != "adapter" or engine_name != "vllm":
         return None
-    return ("rollout.lora_sync: adapter is not supported with the vLLM rollout engine in this build of rltune "
-            "(only the merged weights are pushed into vLLM)\n"
-            "  fix: set rollout.lora_sync: merged (the default), or rollout.engine: hf (which samples with the "
-            "actor's own adapter tensors, no sync needed)")
+    if lora.bias != "none":
+        return (f"rollout.lora_sync: adapter with model.lora.bias {lora.bias}: vLLM's LoRA adapters carry no "
+                "biases, so the engine would sample with stale ones\n"
+                "  fix: set rollout.lora_sync: merged (the merged weights include the biases), or model.lora.bias: none")
+    if vllm_max_lora_rank(lora.r) is None:
+        return (f"rollout.lora_sync: adapter with model.lora.r {lora.r}: vLLM's LoRA supports ranks up to "
+                f"{VLLM_LORA_RANKS[-1]}\n  fix: set rollout.lora_sync: merged, or model.lora.r <= {VLLM_LORA_RANKS[-1]}")
+    return None
+
+
+def write_adapter(engine, out: Path) -> None:
+    """The adapter in PEFT format (adapter_config.json, adapter_model.safetensors) in `out`, as
+    vLLM's LoRARequest loads it. Every rank calls it (ZeRO-3 gathers the adapter)."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    peft_model = _module(engine)
+    state = get_peft_model_state_dict(peft_model, state_dict=adapter_state_dict(engine))
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "adapter_model.safetensors"))
+    peft_model.peft_config[peft_model.active_adapter].save_pretrained(str(out))
 
 
 def startup_line(c) -> str:

@@ -131,7 +131,9 @@ def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size
                 model_dir, tokenizer, recipe.rollout, precision=recipe.trainer.precision,
                 seed=recipe.trainer.seed, max_len=max_sequence_length(recipe), device=device,
                 trust_remote_code=recipe.model.trust_remote_code,
-                seqs_per_call=sequences_per_generate_call(recipe))
+                seqs_per_call=sequences_per_generate_call(recipe),
+                lora_rank=(recipe.model.lora.r if recipe.model.lora is not None
+                           and recipe.rollout.lora_sync == "adapter" else None))
         except Exception as err:  # noqa: BLE001
             if recipe.rollout.engine == "vllm":
                 raise RolloutEngineError(

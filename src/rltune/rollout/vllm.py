@@ -107,9 +107,12 @@ class VLLMRollout:
 
     def __init__(self, model_dir: str, tokenizer, rollout_cfg, precision: str = "fp32",
                  seed: int | None = 0, max_len: int = 512, device: str | None = None,
-                 trust_remote_code: bool = False, seqs_per_call: int | None = None):
+                 trust_remote_code: bool = False, seqs_per_call: int | None = None,
+                 lora_rank: int | None = None):
         """`max_len`: longest prompt + response; `seqs_per_call`: most sequences one `generate`
-        call asks for (default `rollout_cfg.batch_size`): both size the CPU KV cache."""
+        call asks for (default `rollout_cfg.batch_size`): both size the CPU KV cache.
+        `lora_rank`: the actor's LoRA rank with `rollout.lora_sync: adapter` (the engine keeps the
+        base weights and takes the adapter at each sync); None: weights are pushed whole."""
         device = device or _default_device()
         self.device = "cuda" if str(device).startswith("cuda") else "cpu"
         self.cfg = rollout_cfg
@@ -165,6 +168,13 @@ class VLLMRollout:
         )
         if self.kv_cache_bytes is not None:
             kw["kv_cache_memory_bytes"] = int(self.kv_cache_bytes)
+        self.lora_rank = lora_rank
+        self._lora = None            # the LoRARequest of the last synced adapter
+        self._lora_dir: str | None = None
+        if lora_rank is not None:
+            from ..models.lora import vllm_max_lora_rank
+
+            kw.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_max_lora_rank(lora_rank))
         t0 = time.perf_counter()
         with _keep_rng_state():   # in process, vLLM re-seeds the global RNGs with `seed`
             self.llm = LLM(**kw)
@@ -218,7 +228,7 @@ class VLLMRollout:
                 f"the vLLM engine's max_model_len {self.max_model_len}; raise rollout.max_model_len or "
                 "lower data.max_prompt_length")
         prompts = [{"prompt_token_ids": list(map(int, p))} for p in prompt_ids]
-        outputs = self.llm.generate(prompts, self._params(sampling), use_tqdm=False)
+        outputs = self.llm.generate(prompts, self._params(sampling), use_tqdm=False, lora_request=self._lora)
 
         rows: list[tuple[list[int], list[float]]] = []
         for req in outputs:   # vLLM returns requests in input order
@@ -262,7 +272,8 @@ class VLLMRollout:
     # -- weights --
     def sync_weights(self, actor) -> float:
         """Push the actor's parameters into vLLM in place (a LoRA actor's merged weights,
-        `rollout.lora_sync: merged`); returns milliseconds."""
+        `rollout.lora_sync: merged`), or only its adapter (`lora_sync: adapter`); returns
+        milliseconds."""
         from ..engine.weights import iter_full_params
 
         from ..models.lora import input_embedding_base_name, is_lora, merged_params
@@ -270,6 +281,10 @@ class VLLMRollout:
         t0 = time.perf_counter()
         self.wake_up()
         lora = is_lora(actor)
+        if lora and self.lora_rank is not None:
+            self._sync_adapter(actor)
+            self.last_sync_ms = (time.perf_counter() - t0) * 1000.0
+            return self.last_sync_ms
         # a LoRA actor: the base weights with the adapter merged in (new tensors, the actor untouched),
         # under the base model's names
         params = merged_params(actor) if lora else iter_full_params(actor)
@@ -281,6 +296,34 @@ class VLLMRollout:
         self.load_weights(weights)
         self.last_sync_ms = (time.perf_counter() - t0) * 1000.0
         return self.last_sync_ms
+
+    def _sync_adapter(self, actor) -> None:
+        """`lora_sync: adapter`: the base weights in the engine never change (they are frozen);
+        the adapter is written in PEFT format (to /dev/shm where there is one) and loaded as a new
+        vLLM LoRA under a fresh id (vLLM caches adapters by id; its prefix cache keys blocks by the
+        adapter too, so nothing computed with the old adapter is reused); the old one is dropped."""
+        import tempfile
+        from pathlib import Path
+
+        from vllm.lora.request import LoRARequest
+
+        from ..models.lora import write_adapter
+
+        if self._lora_dir is None:
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            self._lora_dir = tempfile.mkdtemp(prefix="rltune-lora-", dir=shm)
+        old = self._lora
+        new_id = (old.lora_int_id + 1) if old is not None else 1
+        path = Path(self._lora_dir) / f"adapter-{new_id}"
+        write_adapter(actor, path)
+        req = LoRARequest(f"rltune-{new_id}", new_id, str(path))
+        self.llm.llm_engine.add_lora(req)    # load now, so that the sync time includes it
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            import shutil
+
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self._lora = req
 
     def load_weights(self, weights: Iterable) -> None:
         """(name, tensor) pairs in HF checkpoint naming -> the engine, in place."""
@@ -324,6 +367,11 @@ class VLLMRollout:
         except Exception:  # noqa: BLE001
             pass
         self.llm = None
+        if getattr(self, "_lora_dir", None):
+            import shutil
+
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
+            self._lora_dir = None
 
 
 class _keep_rng_state:
