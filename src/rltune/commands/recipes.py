@@ -22,7 +22,7 @@ def names() -> list[str]:
     """Names of the shipped recipes, top level first, then sub-directories."""
     if not RECIPE_DIR.is_dir():
         return []
-    files = sorted(RECIPE_DIR.rglob("*.yaml"), key=lambda p: (len(p.relative_to(RECIPE_DIR).parts), str(p)))
+    files = sorted(RECIPE_DIR.rglob("*.yaml"), key=lambda p: (len(p.relative_to(RECIPE_DIR).parts), str(p.with_suffix(""))))
     return [p.relative_to(RECIPE_DIR).with_suffix("").as_posix() for p in files]
 
 

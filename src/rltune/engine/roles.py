@@ -71,8 +71,10 @@ def ds_config(opt_cfg, precision: str, micro_batch: int, device: str, with_optim
     }
     if with_optimizer and opt_cfg.offload_optimizer:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
-    if with_optimizer and device.startswith("cuda"):
-        # DeepSpeed's fused Adam on GPUs (CPU Adam when offloading)
+    if with_optimizer and opt_cfg.offload_optimizer and device.startswith("cuda"):
+        # offloaded optimizer state: DeepSpeed's CPU Adam (its cpu_adam op) steps it on the host.
+        # Otherwise the engine gets torch's fused AdamW (`_initialize`), on GPUs too: DeepSpeed's
+        # own FusedAdam is compiled on first use and needs nvcc, which CUDA runtime images lack.
         cfg["optimizer"] = {"type": "AdamW", "params": {
             "lr": opt_cfg.lr, "betas": list(opt_cfg.betas), "eps": opt_cfg.eps,
             "weight_decay": opt_cfg.weight_decay}}
@@ -85,9 +87,10 @@ def _initialize(model: nn.Module, opt_cfg, precision, micro_batch, device, total
     config = ds_config(opt_cfg, precision, micro_batch, device, with_optimizer=True)
     optimizer = None
     if "optimizer" not in config:
-        # CPU: torch's fused AdamW (no FusedAdam compile). It updates every tensor in place in
-        # one kernel: ~5x faster than the per-parameter loop on a 135M model and without its
-        # temporaries (~0.2 GiB for SmolLM2's tied embedding); TRL's default on torch >= 2.8.
+        # torch's fused AdamW (no DeepSpeed op to compile), on CPUs and GPUs. It updates every
+        # tensor in place in one kernel: on CPU ~5x faster than the per-parameter loop on a 135M
+        # model and without its temporaries (~0.2 GiB for SmolLM2's tied embedding); TRL's
+        # default on torch >= 2.8. ZeRO 1-3 shard its state like DeepSpeed's own Adam's.
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=opt_cfg.lr,
                                       betas=tuple(opt_cfg.betas), eps=opt_cfg.eps,
                                       weight_decay=opt_cfg.weight_decay, fused=True)
@@ -99,7 +102,27 @@ def _initialize(model: nn.Module, opt_cfg, precision, micro_batch, device, total
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=config, model_parameters=None if optimizer else
                                            [p for p in model.parameters() if p.requires_grad])  # LoRA: adapter only
+    _undo_state_warmup(engine)
     return engine
+
+
+def _undo_state_warmup(engine) -> None:
+    """ZeRO 0 in bf16/fp16 wraps a torch optimizer in DeepSpeed's FP16_UnfusedOptimizer, which
+    creates the optimizer state by one step on zero gradients. That step counts: Adam's first
+    real update is then bias-corrected as its second (0.74 x lr on the first update, 0.9x on the
+    second, ...), and AdamW's decoupled weight decay has shrunk the fp32 master weights once
+    before any training. Undone here: the state is emptied (torch creates it on the first real
+    step) and the master weights are copied from the model's again (they were cloned from them)."""
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    opt = engine.optimizer
+    if not isinstance(opt, FP16_UnfusedOptimizer):
+        return
+    opt.optimizer.state.clear()
+    with torch.no_grad():
+        for masters, params in zip(opt.fp32_groups, opt.fp16_groups):
+            for master, p in zip(masters, params):
+                master.copy_(p.detach().float())
 
 
 def _zero3_context(opt_cfg, precision, micro_batch, device):
