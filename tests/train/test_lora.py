@@ -169,12 +169,28 @@ def test_merged_weights_equal_the_adapted_model_and_leave_the_actor_alone(dist):
         assert torch.equal(p, before[n]), n
 
 
-def test_lora_sync_adapter_with_vllm_is_refused_at_start(tmp_path, capfd):
-    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", model__lora=LORA, rollout__engine="vllm",
+def test_what_vllm_adapters_cannot_carry_is_refused_at_start(tmp_path, capfd):
+    """lora_sync adapter with trained biases: refused before anything heavy (vLLM adapters carry
+    none), with the fix; the lint error says the same (tests/recipe/test_rules_lora.py)."""
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", model__lora={**LORA, "bias": "all"}, rollout__engine="vllm",
                        rollout__lora_sync="adapter", trainer__max_steps=1)
     res = run_inproc(capfd, "train", path)
     assert res.returncode == 1, res.stderr[-3000:]
-    assert "rollout.lora_sync: adapter is not supported" in res.stderr and "lora_sync: merged" in res.stderr
+    assert "model.lora.bias all" in res.stderr and "lora_sync: merged" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_rank_above_a_targeted_dimension_is_refused_at_start(tmp_path, capfd):
+    """A model lint cannot size (a local directory): the start-of-run check finds r > the smallest
+    targeted dimension and names the module."""
+    from rltune.models.builtin import build_tiny
+
+    model_dir = build_tiny("tiny-llama", tmp_path / "tiny-llama-dir")
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", model__policy=str(model_dir),
+                       model__lora={"r": 1024, "alpha": 2048.0}, trainer__max_steps=1)
+    res = run_inproc(capfd, "train", path)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "model.lora.r 1024" in res.stderr and "fix:" in res.stderr
     assert "Traceback" not in res.stderr
 
 

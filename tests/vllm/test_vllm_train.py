@@ -56,3 +56,25 @@ def test_skipped_sync_trips_the_stale_weight_guard(tmp_path):
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert any(e["kind"] == "stale_weights" and e["step"] == 2 for e in events)
     _ = os
+
+
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
+def test_lora_run_with_vllm_keeps_the_engine_on_the_adapter(tmp_path, sync):
+    """`rltune train` with a LoRA actor on vLLM: the engine's log-probs match the actor's after
+    every sync (merged weights or the adapter alone), and a skipped sync is caught by the probe."""
+    from trainlib import cli_env
+
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", rollout__engine="vllm", trainer__max_steps=4,
+                       trainer__eval_every=0, actor__lr=2e-2, actor__warmup_steps=0,
+                       model__lora={"r": 8, "alpha": 16.0}, rollout__lora_sync=sync)
+    res = run_cli("train", path, env=cli_env(RLTUNE_FAULTS="skip_sync@2"))
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert f"rollout sync: {sync} weights" in res.stderr
+    metrics = read_metrics(tmp_path / "run")
+    diffs = [m["rollout/logprob_diff_mean"] for m in metrics]
+    # steps 1, 2 and 4 sample from the adapter the actor has; step 3 from the one before step 2's update
+    assert max(diffs[0], diffs[1], diffs[3]) < 0.02, diffs
+    assert diffs[2] > 5 * max(diffs[0], diffs[1], diffs[3]), diffs
+    assert all(m["timing/sync_ms"] > 0 for m in metrics if m["step"] != 2)
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter_model.safetensors").exists() and not (final / "model.safetensors").exists()

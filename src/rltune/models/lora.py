@@ -53,7 +53,7 @@ def apply_lora(model, cfg, task_type: str | None = "CAUSAL_LM", autocast_adapter
     from peft import get_peft_model
 
     try:
-        return get_peft_model(model, lora_config(cfg, task_type), autocast_adapter_dtype=autocast_adapter_dtype)
+        peft_model = get_peft_model(model, lora_config(cfg, task_type), autocast_adapter_dtype=autocast_adapter_dtype)
     except ValueError as err:
         text = str(err).splitlines()[0][:300]
         if "not found" in text or "target" in text.lower():
@@ -62,6 +62,25 @@ def apply_lora(model, cfg, task_type: str | None = "CAUSAL_LM", autocast_adapter
                             f"  linear modules in this model: {', '.join(names) or '(none)'}\n"
                             f"  fix: list some of these names, or use target_modules: all-linear") from err
         raise
+    check_rank(peft_model, int(cfg.r))
+    return peft_model
+
+
+def check_rank(peft_model, r: int) -> None:
+    """r above a targeted layer's smaller dimension adds parameters but no rank (B @ A cannot
+    exceed min(in, out)): an error naming the layer. The lint rule `lora-r-large` says the same
+    for models it can size without loading them."""
+    from peft.tuners.lora import LoraLayer
+
+    dims = [(min(m.in_features, m.out_features), name) for name, m in peft_model.named_modules()
+            if isinstance(m, LoraLayer) and getattr(m, "in_features", None)]
+    if not dims:
+        return
+    smallest, name = min(dims)
+    if r > smallest:
+        raise LoraError(f"model.lora.r {r} is larger than the smallest targeted dimension: {name.removeprefix(PEFT_PREFIX)} "
+                        f"is {smallest} wide, so the adapter's rank cannot exceed {smallest}\n"
+                        f"  fix: set model.lora.r <= {smallest}, or leave that module out of model.lora.target_modules")
 
 
 def linear_module_names(model) -> set[str]:
