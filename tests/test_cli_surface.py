@@ -95,7 +95,7 @@ def test_o_is_never_an_output_path(cli, args):
     assert f"No such option: {flag}" in out
 
 
-@pytest.mark.parametrize("command", ["train", "validate", "diagnose", "plot", "doctor", "schema"])
+@pytest.mark.parametrize("command", ["train", "validate", "plan", "diagnose", "plot", "doctor", "schema"])
 def test_help_has_no_type_tags(cli, command):
     code, out = cli(command, "--help")
     assert code == 0
@@ -108,6 +108,7 @@ def test_train_help_names_values(cli):
     assert code == 0
     assert "rltune train [OPTIONS] {RECIPE} [KEY=VALUE]..." in out
     assert "--set" in out and "-o" in out and "--nproc" in out and " N " in out
+    assert "--dry-run" in out and "--format" in out
 
 
 # ---------------------------------------------------------------- rltune recipes

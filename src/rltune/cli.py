@@ -85,12 +85,38 @@ def validate(
     skip_files: bool = typer.Option(False, "--skip-files",
                                     help="Do not check the data, model and reward files the recipe names "
                                          "(lint a template on a machine without them)."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", metavar="N",
+                                       help="GPUs (ranks) the run will use: with --gpu-mem, checks the memory budget."),
+    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", metavar="SIZE",
+                                          help="Memory per GPU, e.g. 24GB (GB = GiB): rule memory-budget checks "
+                                               "the plan (rltune plan) against it."),
 ) -> None:
     """Lint recipes against the schema and the tuning playbook, and check the files they name
     (exit 0 ok, 1 errors, 2 unreadable: a recipe, or a data/model/reward file it names)."""
     from rltune.commands.validate import run
 
-    raise typer.Exit(run(recipes, overrides or [], strict=strict, fmt=fmt, skip_files=skip_files))
+    raise typer.Exit(run(recipes, overrides or [], strict=strict, fmt=fmt, skip_files=skip_files,
+                         gpus=gpus, gpu_mem=gpu_mem))
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def plan(
+    args: List[str] = typer.Argument(..., metavar="RECIPE",
+                                     help="Recipe file; trailing key=value args are overrides."),
+    overrides: Optional[List[str]] = typer.Option(None, "--set", "-o", metavar="KEY=VALUE",
+                                                  help="Override a key, e.g. -o train.micro_batch_size=2 (repeatable)."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", metavar="N", help="GPUs (ranks) in the run."),
+    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", metavar="SIZE",
+                                          help="Memory per GPU, e.g. 80GB (GB = GiB, as cards are named)."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="cpu | cuda (default: the recipe's)."),
+    fmt: str = typer.Option("text", "--format", "-f", metavar="FORMAT", help="Output: text | json."),
+) -> None:
+    """Per-device memory budget of a recipe (weights, gradients, optimizer, activations, logits, KV
+    cache) by phase, the peak and the headroom, and changes that fit (exit 0 fits or capacity
+    unknown, 1 over capacity, 2 unreadable). Loads nothing: sizes come from the model's config.json."""
+    from rltune.commands.plan import run
+
+    raise typer.Exit(run(args, overrides or [], gpus=gpus, gpu_mem=gpu_mem, device=device, fmt=fmt))
 
 
 presets_app = typer.Typer(help="Stage and hardware presets: list, show, apply.", no_args_is_help=False,
@@ -210,8 +236,12 @@ def train(
     hostfile: Optional[str] = typer.Option(None, "--hostfile", metavar="PATH", help="DeepSpeed launcher hostfile (multi-node)."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", metavar="HOST:PORT", help="torchrun rendezvous HOST:PORT."),
     node_rank: Optional[int] = typer.Option(None, "--node-rank", metavar="N", help="This node's rank (multi-node)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Build every engine, run one step on one micro-batch, print "
+                                 "peak memory per phase beside `rltune plan`'s estimate; writes nothing."),
+    fmt: str = typer.Option("text", "--format", "-f", metavar="FORMAT", help="With --dry-run: text | json (on stdout)."),
 ) -> None:
-    """Validate RECIPE (lint errors stop it, warnings are shown), then train."""
+    """Validate RECIPE (lint errors stop it, warnings are shown), then train (or, with --dry-run,
+    measure one step's memory and exit)."""
     from rltune.commands.train import run
     from rltune.quiet import quiet_dependencies
 
@@ -235,7 +265,7 @@ def train(
     command += ["--quiet"] * quiet + ["--strict"] * strict
     raise typer.Exit(run(recipe, overrides or [], resume=resume, allow_recipe_change=allow_recipe_change,
                          quiet=quiet, strict=strict, nproc=nproc, nnodes=nnodes, launcher=launcher,
-                         launcher_args=extra, command=command))
+                         launcher_args=extra, command=command, dry_run=dry_run, fmt=fmt))
 
 
 @app.command()
@@ -318,10 +348,13 @@ def _fast(argv: List[str]) -> Optional[int]:
             p.add_argument("--format", "-f", dest="fmt", default="text")
             p.add_argument("--set", "-o", dest="overrides", action="append", default=[])
             p.add_argument("--skip-files", dest="skip_files", action="store_true")
+            p.add_argument("--gpus", type=int, default=None)
+            p.add_argument("--gpu-mem", dest="gpu_mem", default=None)
             a = p.parse_intermixed_args(rest)
             from rltune.commands.validate import run
 
-            return run(a.recipes, a.overrides, strict=a.strict, fmt=a.fmt, skip_files=a.skip_files)
+            return run(a.recipes, a.overrides, strict=a.strict, fmt=a.fmt, skip_files=a.skip_files,
+                       gpus=a.gpus, gpu_mem=a.gpu_mem)
         if cmd == "schema":
             p = P(add_help=False)
             p.add_argument("--output", "-O", default=None)

@@ -51,8 +51,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 class Result:
-    def __init__(self, returncode: int, stderr: str):
-        self.returncode, self.stderr = returncode, stderr
+    def __init__(self, returncode: int, stderr: str, stdout: str = ""):
+        """`stderr`: everything printed (stderr, then stdout); `stdout`: stdout alone."""
+        self.returncode, self.stderr, self.stdout = returncode, stderr, stdout
 
 
 def run_inproc(capfd, *args, env: dict | None = None) -> Result:
@@ -80,4 +81,4 @@ def run_inproc(capfd, *args, env: dict | None = None) -> Result:
 
         logging.getLogger("rltune").handlers.clear()
     out = capfd.readouterr()
-    return Result(code, out.err + out.out)
+    return Result(code, out.err + out.out, out.out)

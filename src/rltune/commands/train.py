@@ -10,9 +10,10 @@ from pathlib import Path
 def run(recipe_path: str, overrides: list[str], resume: str = "auto", allow_recipe_change: bool = False,
         quiet: bool = False, strict: bool = False, nproc: int | None = None, nnodes: int | None = None,
         launcher: str | None = None, launcher_args: list[str] | None = None,
-        command: list[str] | None = None) -> int:
+        command: list[str] | None = None, dry_run: bool = False, fmt: str = "text") -> int:
     """`command`: the user's arguments after `rltune train` (the resume hint repeats them);
-    built from the other arguments when not given."""
+    built from the other arguments when not given. `dry_run`: build the engines, run one small
+    step, print peak memory per phase beside the plan (train/dryrun.py) as `fmt` (text | json)."""
     from rltune.commands.validate import check_all
     from rltune.recipe import format_findings, has_errors
     from rltune.train.rundir import COMMAND_ENV
@@ -26,6 +27,12 @@ def run(recipe_path: str, overrides: list[str], resume: str = "auto", allow_reci
                 command += [flag, str(value)]
         command += list(launcher_args or [])
         command += ["--quiet"] * quiet + ["--strict"] * strict
+    if fmt not in ("text", "json"):
+        print(f"rltune: --format {fmt}: expected text or json", file=sys.stderr)
+        return 2
+    if fmt != "text" and not dry_run:
+        print("rltune: --format applies to --dry-run only (a run writes metrics.jsonl)", file=sys.stderr)
+        return 2
 
     if nproc is not None:
         overrides = list(overrides) + [f"trainer.nproc={nproc}"]
@@ -53,12 +60,22 @@ def run(recipe_path: str, overrides: list[str], resume: str = "auto", allow_reci
         saved = os.environ.get(COMMAND_ENV)
         os.environ[COMMAND_ENV] = json.dumps(command)  # the ranks print it in their resume hint
         try:
-            return launch(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args or [])
+            child = ["--dry-run", "--format", fmt] if dry_run else []
+            return launch(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args or [],
+                          child)
         finally:
             if saved is None:
                 os.environ.pop(COMMAND_ENV, None)
             else:
                 os.environ[COMMAND_ENV] = saved
+    if dry_run:
+        from rltune.train.dryrun import dry_run as run_dry
+
+        try:
+            return run_dry(recipe, Path(recipe_path), fmt=fmt, quiet=quiet)
+        except KeyboardInterrupt:
+            print("rltune: interrupted", file=sys.stderr)
+            return 130
     from rltune.train.run import train
 
     try:

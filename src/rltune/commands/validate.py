@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import List
+from typing import List, Optional
 
 from rltune.errors import RecipeInputError
 from rltune.recipe.findings import FORMATS, Finding, count, format_findings, format_text_line
@@ -90,15 +90,21 @@ def plan_lines(recipe) -> list:
     return lines
 
 
-def check_all(path, overrides, strict: bool = False, files: bool = False) -> tuple:
+def check_all(path, overrides, strict: bool = False, files: bool = False, gpus=None, gpu_mem=None) -> tuple:
     """rltune.recipe.check, plus the lint rules over what the schema left when it rejected
-    the recipe (loader.lint_partial): every problem in one run. (recipe or None, findings)."""
+    the recipe (loader.lint_partial): every problem in one run. (recipe or None, findings).
+    `gpus` / `gpu_mem` (validate --gpus N --gpu-mem SIZE): the hardware rule memory-budget checks."""
     from rltune.recipe.api import lint
     from rltune.recipe.findings import sort_findings, strictify
     from rltune.recipe.loader import lint_partial, load_recipe
 
     res = load_recipe(path, overrides)
-    findings = list(res.findings) + lint(res) + lint_partial(res)
+    hardware = None
+    if res.recipe is not None and (gpus is not None or gpu_mem is not None):
+        from rltune.plan import hardware_for
+
+        hardware = hardware_for(res.recipe, gpus=gpus, gpu_mem=gpu_mem)
+    findings = list(res.findings) + lint(res, hardware=hardware) + lint_partial(res)
     if files:
         from rltune.recipe.files import check_files
 
@@ -119,12 +125,24 @@ def check_text(text: str, source: str, base_dir=None) -> list:
 
 
 def run(args: List[str], overrides: List[str], *, strict: bool = False, fmt: str = "text",
-        skip_files: bool = False) -> int:
+        skip_files: bool = False, gpus: Optional[int] = None, gpu_mem: Optional[str] = None) -> int:
     """Exit 2 when a recipe, or a file it names (data, model, reward: rule `input`), cannot be
-    read; else 1 with errors; else 0. `skip_files`: lint only (a template without its files)."""
+    read; else 1 with errors; else 0. `skip_files`: lint only (a template without its files).
+    `gpus` / `gpu_mem`: the hardware the memory-budget rule checks the plan against."""
     if fmt not in FORMATS:
         print(f"rltune validate: unknown --format {fmt!r}; use one of: {', '.join(FORMATS)}", file=sys.stderr)
         return 2
+    if gpus is not None and gpus < 1:
+        print(f"rltune validate: --gpus {gpus}: must be at least 1", file=sys.stderr)
+        return 2
+    if gpu_mem is not None:
+        from rltune.plan import parse_size
+
+        try:
+            parse_size(gpu_mem)
+        except ValueError as e:
+            print(f"rltune validate: --gpu-mem: {e}", file=sys.stderr)
+            return 2
     files, trailing = split_args(args)
     overrides = list(overrides) + trailing
     if not files:
@@ -136,7 +154,8 @@ def run(args: List[str], overrides: List[str], *, strict: bool = False, fmt: str
     unreadable = errors = False
     for i, path in enumerate(files):
         try:
-            recipe, findings = check_all(path, overrides, strict=strict, files=not skip_files)
+            recipe, findings = check_all(path, overrides, strict=strict, files=not skip_files,
+                                         gpus=gpus, gpu_mem=gpu_mem)
         except RecipeInputError as e:
             unreadable = True
             f = input_finding(e, path)

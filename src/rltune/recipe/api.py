@@ -11,8 +11,9 @@ from rltune.recipe.rules import RULES, Ctx, run_rules
 from rltune.recipe.schema import Recipe
 
 
-def lint(result_or_recipe: Union[LoadResult, Recipe], *, strict: bool = False) -> list[Finding]:
-    """Run the playbook rules. Honours `lint.waive`: a waived warning or info is still reported,
+def lint(result_or_recipe: Union[LoadResult, Recipe], *, strict: bool = False, hardware=None) -> list[Finding]:
+    """Run the playbook rules (`hardware`: an rltune.plan.Hardware the memory-budget rule checks
+    against; None = what the recipe says). Honours `lint.waive`: a waived warning or info is still reported,
     with severity "info", waived=True and the reason. Errors cannot be waived: a waived error stays
     an error and rule `waived-error` names the waiver. Returns [] when the recipe did not validate."""
     if isinstance(result_or_recipe, LoadResult):
@@ -24,7 +25,7 @@ def lint(result_or_recipe: Union[LoadResult, Recipe], *, strict: bool = False) -
         return []
     waive = recipe.lint.waive
     out = []
-    for rl, hit in run_rules(recipe, Ctx(res)):
+    for rl, hit in run_rules(recipe, Ctx(res, hardware)):
         if res is not None:
             file, line, col = res.where(hit.path)
         else:

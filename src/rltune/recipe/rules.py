@@ -61,10 +61,12 @@ def rule(id: str, severity: str, condition: str, why: str):
 
 
 class Ctx:
-    """What a rule may ask beyond the recipe: was a key written by the user?"""
+    """What a rule may ask beyond the recipe: was a key written by the user? On which hardware
+    (`hardware`: an rltune.plan.Hardware from `validate --gpus/--gpu-mem`; None = the recipe's own)?"""
 
-    def __init__(self, result=None):
+    def __init__(self, result=None, hardware=None):
         self.result = result
+        self.hardware = hardware
 
     def user_set(self, recipe: Recipe, path: str) -> bool:
         if self.result is not None:
@@ -487,6 +489,8 @@ def clip_inactive(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 from rltune.recipe import rules_algo  # noqa: E402,F401  (registers its rules in RULES)
 # LoRA (model.lora): rules_lora.py, registered the same way
 from rltune.recipe import rules_lora  # noqa: E402,F401  (registers its rules in RULES)
+# the memory budget (rltune.plan) against known hardware: rules_memory.py, registered the same way
+from rltune.recipe import rules_memory  # noqa: E402,F401  (registers its rules in RULES)
 
 
 @rule("unknown-waiver", "warning", "lint.waive names a rule that does not exist",

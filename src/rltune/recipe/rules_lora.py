@@ -30,28 +30,12 @@ from rltune.recipe.rules import (
 )
 from rltune.recipe.schema import Recipe
 
+# a builtin model's architecture without loading it (SmolLM2-135M's sizes are written there),
+# shared with `rltune plan`
+from rltune.plan.arch import SMOLLM2_135M, builtin_config as _builtin_config  # noqa: F401
+
 ALPHA_SCALE = (0.5, 4.0)     # alpha / r outside this is an unusual scaling
 ALPHA_SCALE_DEFAULT = 2.0    # alpha = 2r: the common default
-
-# SmolLM2-135M(-Instruct)'s architecture (a Llama): the GGUF that `builtin:smollm2-135m-instruct`
-# converts is only read when a run starts, so its sizes are written here (HuggingFaceTB/SmolLM2-135M
-# config.json: hidden 576, intermediate 1536, 9 heads, 3 key/value heads of 64)
-SMOLLM2_135M = dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                    num_attention_heads=9, num_key_value_heads=3)
-
-
-def _builtin_config(spec: Optional[str]) -> Optional[dict]:
-    """The architecture of a builtin model as a plain dict, or None where it is not known without
-    loading the model (hub ids, local directories)."""
-    if not spec or not spec.startswith("builtin:"):
-        return None
-    name = spec[len("builtin:"):]
-    if name == "smollm2-135m-instruct":
-        return SMOLLM2_135M
-    from rltune.models.builtin import TINY_CONFIGS  # plain dicts; the module imports torch only in functions
-
-    return TINY_CONFIGS.get(name)
-
 
 def linear_shapes(cfg: dict) -> dict:
     """(in, out) features of a Llama/Qwen2 decoder layer's linear modules, by module name: what

@@ -276,6 +276,11 @@ class AutotuneCfg(Section):
     max_rollbacks: int = F(2, "Most rollbacks per run (counted across resumes); later hard spikes get the ordinary spike fix.", ge=0, le=1000)
 
 
+class HardwareCfg(Section):
+    gpus: int = F(1, "GPUs (ranks) the run uses.", ge=1, le=1_000_000)
+    gpu_mem_gb: float = F(..., description="Memory of one GPU in GiB, as the card is named (an '80GB' A100 has 80 GiB).", gt=0, le=100_000)
+
+
 class LintCfg(Section):
     waive: dict[str, str] = F({}, "Waived lint rules: RULE_ID: reason. Warnings and infos only; waiving an error is itself an error (waived-error).")
 
@@ -296,6 +301,7 @@ class Recipe(Section):
     health: HealthCfg = F(HealthCfg(), "Health detectors (thresholds from the playbook).")
     autotune: AutotuneCfg = F(AutotuneCfg(), "Automatic stage transitions and spike fixes.")
     preset: Union[str, list[str], None] = F(None, "Preset name(s) merged under this recipe, in order (the recipe wins).")
+    hardware: Optional[HardwareCfg] = F(None, "The GPUs this recipe is meant for (hardware presets set it): `rltune plan` and validate's memory-budget rule check the per-device memory budget against it (docs/plan.md); None = unknown (validate --gpus N --gpu-mem SIZE gives it for one check).")
     lint: LintCfg = F(LintCfg(), "Lint settings.")
 
     # -- derived quantities, used by validate (batch plan) and the trainer --

@@ -12,9 +12,10 @@ import sys
 
 
 def launch_command(recipe, recipe_path: str, overrides: list[str], resume: str, allow_recipe_change: bool,
-                   quiet: bool, launcher_args: list[str]) -> list[str]:
+                   quiet: bool, launcher_args: list[str], extra: list[str] = ()) -> list[str]:
+    """`extra`: more `rltune train` options for every rank (e.g. --dry-run)."""
     t = recipe.trainer
-    child = ["train", str(recipe_path), *overrides, "--resume", resume]
+    child = ["train", str(recipe_path), *overrides, "--resume", resume, *extra]
     if allow_recipe_change:
         child.append("--allow-recipe-change")
     if quiet:
@@ -33,8 +34,8 @@ def launch_command(recipe, recipe_path: str, overrides: list[str], resume: str, 
     return cmd + child
 
 
-def launch(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args) -> int:
-    cmd = launch_command(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args)
+def launch(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args, extra=()) -> int:
+    cmd = launch_command(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args, extra)
     env = dict(os.environ, RLTUNE_LAUNCHED="1")
     if not _has_cuda():
         env.setdefault("DS_ACCELERATOR", "cpu")

@@ -114,8 +114,9 @@ class Learned:
     timings: dict = field(default_factory=dict)
 
 
-def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator) -> Learned:
-    """Steps 3-8 on one step's scored experience (on the training device)."""
+def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator, mark=None) -> Learned:
+    """Steps 3-8 on one step's scored experience (on the training device). `mark(phase)`, when
+    given, is called as steps 3-7 ("experience") and step 8 ("update") end (`train --dry-run`)."""
     r = c.recipe
     micro, temp, n = r.train.micro_batch_size, r.logprob_temperature, r.algorithm.group_size
     out = Learned()
@@ -144,6 +145,8 @@ def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator) ->
 
     # 6-7. KL and advantages
     compute_advantages(c, exp, knobs.kl_coef)
+    if mark is not None:
+        mark("experience")
 
     # 8. updates: ppo_epochs passes, each train.updates_per_step optimizer updates
     t0 = time.perf_counter()
@@ -159,6 +162,8 @@ def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator) ->
     if sink is not None:  # pi_behaviour as the single update's forward saw it
         exp.behavior_logp = sink
     out.timings["timing/train_s"] = time.perf_counter() - t0
+    if mark is not None:
+        mark("update")
     return out
 
 
@@ -189,8 +194,9 @@ def policy_metrics(c: Components, exp: Experience) -> dict:
     return m
 
 
-def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator) -> dict:
-    """One RL step; returns its metrics."""
+def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, mark=None) -> dict:
+    """One RL step; returns its metrics. `mark(phase)`, when given, is called as each phase ends:
+    "rollout" (steps 1-2), "experience" (3-7), "update" (8) (`train --dry-run` measures memory)."""
     r = c.recipe
     t_start = time.perf_counter()
     timings = {}
@@ -199,13 +205,15 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator) -> 
     drawn = sample_step(c)
     b = drawn.batch
     timings["timing/rollout_s"], timings["timing/reward_s"] = drawn.rollout_s, drawn.reward_s
+    if mark is not None:
+        mark("rollout")
     if r.logging.sample_every and step % r.logging.sample_every == 0 and c.dist.is_main:
         LOG.info("[Sample] step=%d reward=%.3f prompt=%r completion=%r", step, float(b.exp.scores[0]),
                  b.prompts[0][-80:], b.completions[0][:200])
     exp = b.exp.to(c.dist.device)  # the rollout hands back CPU tensors; the models may be on a GPU
 
     # 3-8. reference, behaviour, values, KL, advantages, updates
-    learned = learn(c, exp, knobs, gen)
+    learned = learn(c, exp, knobs, gen, mark)
     timings.update(learned.timings)
 
     # 9. weight sync actor -> rollout engine; the KL controller (adaptive with algorithm.kl.target)

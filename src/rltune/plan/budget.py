@@ -1,0 +1,198 @@
+"""The memory formulas of `rltune plan`, as small pure functions (bytes; docs/plan.md derives each).
+
+Sources:
+- training state per parameter: Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training
+  Trillion Parameter Models" (2020, arXiv:1910.02054), sec. 3.1 and 5: mixed-precision Adam keeps
+  2 (16-bit weights) + 2 (16-bit gradients) + 12 (fp32 master weights, momentum, variance) bytes
+  per parameter; stage 1 shards the 12 over the data-parallel ranks, stage 2 also the gradients,
+  stage 3 also the weights.
+- activations: Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"
+  (2022, arXiv:2205.05198), sec. 4: the tensors a layer keeps for its backward pass, per token;
+  with full recomputation only each layer's input is kept.
+- KV cache: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes per token (vLLM's own sizing).
+"""
+
+from __future__ import annotations
+
+from rltune.plan.arch import Arch
+
+GiB = 1 << 30
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+# DeepSpeed defaults rltune does not override (runtime/zero/config.py): the ZeRO-2 gradient bucket
+# (reduce_bucket_size, elements; the stage-0 all-reduce bucket, MEMORY_OPT_ALLREDUCE_SIZE, is the
+# same 5e8) and the ZeRO-3 prefetch bucket (stage3_prefetch_bucket_size)
+ZERO2_BUCKET = 500_000_000
+ZERO3_PREFETCH = 50_000_000
+# one (chunk, vocab) float32 block of the chunked log-prob (algo/logits.py _CHUNK_ELEMS)
+LOGPROB_CHUNK_ELEMS = 1 << 26
+
+
+def train_state(total: int, trainable: int, precision: str, zero: int, world: int,
+                offload: bool = False) -> dict:
+    """Per-device bytes of one trained model: {"weights", "grads", "optimizer", "step"}.
+
+    16-bit (bf16/fp16) with DeepSpeed: weights 2, gradients 2, fp32 master + Adam m, v 12 bytes per
+    trainable parameter (ZeRO paper's K = 12); frozen parameters (LoRA's base) only have weights.
+    fp32: weights 4, gradients 4, Adam m, v 8 (no master copy: the weights are fp32 already).
+    Stage >= 1 divides the optimizer state by `world`, >= 2 the gradients, 3 the weights.
+    `step`: the optimizer step's extra at stage 0: DeepSpeed's gradient all-reduce (run at the step,
+    on one rank too) flattens the gradients into buckets of up to 5e8 elements, and in 16-bit its
+    FP16/BF16 optimizer then flattens them into one fp32 buffer (4 bytes per trainable parameter).
+    `offload` (ZeRO-Offload): the optimizer state lives in host memory (0 on the device).
+    """
+    w = DTYPE_BYTES[precision]
+    opt_bytes = 12 if w == 2 else 8
+    weights = total * w
+    grads = trainable * w
+    optimizer = trainable * opt_bytes
+    step = 0
+    if zero == 0:
+        step = max(min(ZERO2_BUCKET, trainable) * w, trainable * 4 if w == 2 else 0)
+    if zero >= 1:
+        optimizer //= world
+    if zero >= 2:
+        grads //= world
+    if zero >= 3:
+        weights //= world
+    if offload:
+        optimizer, step = 0, 0
+    return {"weights": weights, "grads": grads, "optimizer": optimizer, "step": step}
+
+
+def zero_working(arch: Arch, trainable: int, precision: str, zero: int) -> int:
+    """ZeRO's own buffers on a device: stage 2 reduces gradients through a bucket of up to 5e8
+    elements; stage 3 gathers a layer's weights whole (and prefetches up to 5e7 more) around each
+    forward and backward."""
+    w = DTYPE_BYTES[precision]
+    if zero == 2:
+        return min(ZERO2_BUCKET, trainable) * w
+    if zero == 3:
+        return (arch.layer_params() + min(ZERO3_PREFETCH, arch.params())) * w
+    return 0
+
+
+def kv_width(arch: Arch, attn: str) -> int:
+    """Width of the k and v that attention reads, per token. transformers' SDPA and eager paths
+    repeat grouped key/value heads up to all heads when there is an attention mask (RL batches are
+    always padded, so there is): h each. FlashAttention-2 reads the grouped heads as they are."""
+    return arch.kv_dim if attn == "flash_attention_2" else arch.q_dim
+
+
+def layer_activation_elems(arch: Arch, attn: str = "sdpa", seq: int = 0) -> int:
+    """Values one Llama-style decoder layer keeps per token for its backward pass (Korthikanti et
+    al.'s count redone for RMSNorm + SwiGLU + grouped-query attention, no dropout):
+      attention norm input h, its output (the q/k/v projections' input) h,
+      q, and k, v as attention reads them (kv_width) after the rotary embedding: h + 2 kv',
+      attention output h and its contiguous copy fed to o_proj h,
+      MLP norm input h, its output (the gate/up projections' input) h,
+      gate, silu(gate), up and their product (down_proj's input) 4 i
+    = 7h + 2kv' + 4i. (Korthikanti's GPT layer, 4h MLP and dropout, counts to 34 bytes = 17 values x h.)
+    Eager attention also keeps the softmax of the scores, heads x seq per token (in fp32 and a cast
+    copy: counted twice); SDPA's and FlashAttention's kernels keep none (Korthikanti's 5as/h term)."""
+    h, i = arch.hidden, arch.intermediate
+    elems = 7 * h + 2 * kv_width(arch, attn) + 4 * i
+    if attn == "eager":
+        elems += 2 * arch.heads * seq
+    return elems
+
+
+def activations(arch: Arch, micro: int, seq: int, dtype_bytes: int, checkpointing: bool,
+                attn: str = "sdpa", prompt: int = 0, prompts: int = 0) -> int:
+    """Activation memory of one training micro-batch of `micro` sequences of `seq` tokens.
+
+    Without recomputation: layers x tokens x layer_activation_elems. With full recomputation
+    (gradient checkpointing): each layer keeps only its input (layers x tokens x h) and one layer is
+    recomputed whole during the backward pass. SDPA and eager attention also build one 4-D
+    attention mask per pass, micro x seq x seq.
+
+    `prompts` > 0: the shared-prompt passes (train/shared_prompt.py) run the micro-batch's `prompts`
+    distinct prompts (of `prompt` tokens) once and the responses on their cache: see
+    shared_prompt_activations.
+    """
+    if prompts and not checkpointing:
+        return shared_prompt_activations(arch, micro, prompts, prompt, seq - prompt, dtype_bytes, attn)
+    tokens = micro * seq
+    per_layer = layer_activation_elems(arch, attn, seq)
+    if checkpointing:
+        elems = arch.layers * tokens * arch.hidden + tokens * per_layer
+    else:
+        elems = arch.layers * tokens * per_layer
+    if attn != "flash_attention_2":
+        elems += micro * seq * seq
+    return elems * dtype_bytes
+
+
+def shared_prompt_activations(arch: Arch, micro: int, prompts: int, prompt: int, response: int,
+                              dtype_bytes: int, attn: str = "sdpa") -> int:
+    """Activations of a shared-prompt training pass, per layer:
+      the prompt pass: prompts x prompt tokens x layer_activation_elems;
+      the response pass: micro x response tokens x (7h + 4i) (everything but k and v), and the k, v
+      attention keeps over the whole sequence, its rows' prompt cache concatenated with the new
+      tokens: micro x seq x 2 kv' (the cache itself is freed when the forward returns);
+    plus the two passes' attention masks."""
+    h, i = arch.hidden, arch.intermediate
+    seq = prompt + response
+    per_layer = (prompts * prompt * layer_activation_elems(arch, attn, prompt)
+                 + micro * response * (7 * h + 4 * i)
+                 + micro * seq * 2 * kv_width(arch, attn))
+    elems = arch.layers * per_layer
+    if attn != "flash_attention_2":
+        elems += prompts * prompt * prompt + micro * response * seq
+    return elems * dtype_bytes
+
+
+def forward_working(arch: Arch, micro: int, seq: int, dtype_bytes: int, attn: str = "sdpa") -> int:
+    """A forward pass without autograd (reference, behaviour, value, reward passes, generation's
+    prefill) holds about one layer's values at a time: the residual stream, the norm output, q, k, v,
+    the attention output and the MLP's gate, up and product: tokens x (4h + 2kv' + 3i)."""
+    h, i = arch.hidden, arch.intermediate
+    return micro * seq * (4 * h + 2 * kv_width(arch, attn) + 3 * i) * dtype_bytes
+
+
+def logits_bytes(arch: Arch, micro: int, response: int, dtype_bytes: int, backward: bool) -> int:
+    """The log-prob pass's logits (algo/logits.py, train/update.py): the model returns logits for
+    the response tokens only (logits_to_keep = response + 1), (micro, response + 1, vocab) in the
+    model's dtype; log-probs and entropies are computed in float32 chunks of at most 2^26 values
+    (the chunk, its log-softmax and its softmax: 3 chunks live). The backward pass adds the
+    logits' gradient (same size as the logits)."""
+    rows = micro * (response + 1)
+    logits = rows * arch.vocab * dtype_bytes
+    chunk = min(rows * arch.vocab, LOGPROB_CHUNK_ELEMS) * 4
+    return logits * (2 if backward else 1) + 3 * chunk
+
+
+def kv_cache_bytes(arch: Arch, seqs: int, seq: int, dtype_bytes: int) -> int:
+    """`seqs` sequences of `seq` tokens in a KV cache."""
+    return seqs * seq * arch.kv_bytes_per_token(dtype_bytes)
+
+
+def lora_params(arch: Arch, r: int, target_modules, critic: bool = False) -> int:
+    """Adapter parameters: r x (in + out) for each targeted linear of each layer (PEFT's A: r x in,
+    B: out x r); `all-linear` = q, k, v, o, gate, up, down (the output head is left out)."""
+    from rltune.recipe.rules_lora import linear_shapes
+
+    shapes = linear_shapes({"hidden_size": arch.hidden, "intermediate_size": arch.intermediate,
+                            "num_attention_heads": arch.heads, "num_key_value_heads": arch.kv_heads,
+                            "head_dim": arch.head_dim})
+    if isinstance(target_modules, str):
+        names = list(shapes)
+    else:
+        names = [n.rsplit(".", 1)[-1] for n in target_modules if n.rsplit(".", 1)[-1] in shapes]
+    return arch.layers * sum(r * (shapes[n][0] + shapes[n][1]) for n in names)
+
+
+def vllm_kv_tokens(util: float, mem: int, weights: int, reserve: int, per_token: int) -> int:
+    """Tokens vLLM's KV cache holds on a GPU: its share of the card (gpu_memory_utilization x
+    memory) minus its weights and its working reserve (activations of the profiling run, CUDA
+    graphs), divided by the KV bytes of one token."""
+    return max(0, int(util * mem) - weights - reserve) // per_token
+
+
+def fmt_bytes(n) -> str:
+    """Bytes as GiB / MiB (binary units, what allocators and nvidia-smi report)."""
+    if n is None:
+        return "?"
+    if abs(n) >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    return f"{n / (1 << 20):.0f} MiB"

@@ -1,0 +1,74 @@
+"""Lint rule `memory-budget`: the plan (rltune.plan) against the hardware, when the hardware is
+known: `validate --gpus N --gpu-mem SIZE`, the recipe's `hardware` section (hardware presets set
+it), or trainer.device cuda on a machine with a GPU. With no hardware known it says nothing.
+
+Same shape as rules.py; registered in rules.RULES when rules.py imports this module. No torch
+import (except where trainer.device is cuda: `hardware_for` asks torch for the card's memory).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from rltune.recipe.rules import RULES, Ctx, Hit, rule
+from rltune.recipe.schema import Recipe
+
+TIGHT = 0.05     # headroom below this share of the card: a warning (allocator fragmentation, CUDA graphs)
+
+
+def _hardware(r: Recipe, ctx: Ctx):
+    hw = getattr(ctx, "hardware", None)
+    if hw is not None:
+        return hw
+    from rltune.plan import hardware_for
+
+    try:
+        return hardware_for(r)
+    except ValueError:
+        return None
+
+
+def _largest(plan, n: int = 3) -> str:
+    from rltune.plan.budget import fmt_bytes
+
+    live = sorted((i for i in plan.items if plan.peak_phase in i.phases), key=lambda i: -i.bytes)[:n]
+    return ", ".join(f"{i.name} {fmt_bytes(i.bytes)}" for i in live)
+
+
+@rule("memory-budget", "error",
+      "the hardware is known (validate --gpus/--gpu-mem, a hardware preset's `hardware`, or trainer.device cuda on "
+      "a GPU machine) and the plan's per-device peak exceeds the card's memory (a warning within 5% of it)",
+      "a run that does not fit dies with out-of-memory after minutes of start-up (vLLM, three engines and the "
+      "optimizer share the card); `rltune plan` shows the budget item by item (docs/plan.md)")
+def memory_budget(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    hw = _hardware(r, ctx)
+    if hw is None or hw.mem_bytes is None or hw.device != "cuda":
+        return
+    from rltune.plan import ArchUnknown, estimate
+    from rltune.plan.budget import fmt_bytes
+
+    try:
+        plan = estimate(r, hw)
+    except ArchUnknown as err:
+        msg, _, fix = str(err).partition("\n  fix: ")
+        yield Hit("model.policy", f"memory budget not checked: {msg}", fix or "point model.policy at a local directory",
+                  severity="info")
+        return
+    where = f"{hw.gpus} x {fmt_bytes(hw.mem_bytes)}"
+    if plan.peak > plan.capacity:
+        best = plan.proposals[0] if plan.proposals else None
+        fix = (best.as_fix(plan.capacity) if best else
+               "no single change fits: use more GPUs (--gpus), larger cards or a smaller model")
+        if best and len(plan.proposals) > 1:
+            fix += f"; {len(plan.proposals) - 1} other change(s) fit: rltune plan shows them"
+        path = next(iter(best.changes)) if best else "model.policy"
+        yield Hit(path, f"the plan's peak per device is {fmt_bytes(plan.peak)} in the {plan.peak_phase} phase, "
+                        f"over the {fmt_bytes(plan.capacity)} of each card ({where}) by "
+                        f"{fmt_bytes(plan.peak - plan.capacity)} (largest: {_largest(plan)}): "
+                        f"{RULES['memory-budget'].why}", fix)
+    elif plan.headroom < TIGHT * plan.capacity:
+        yield Hit("model.policy", f"the plan's peak per device is {fmt_bytes(plan.peak)} in the {plan.peak_phase} "
+                                  f"phase, within {fmt_bytes(plan.headroom)} of the {fmt_bytes(plan.capacity)} card "
+                                  f"({where}): allocator fragmentation can tip it over",
+                  "leave 5% or more free: e.g. set actor.gradient_checkpointing: true or a smaller "
+                  "train.micro_batch_size (rltune plan shows the budget)", severity="warning")

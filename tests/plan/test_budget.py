@@ -1,0 +1,236 @@
+"""`rltune.plan.estimate` against budgets computed by hand (issue 17): a tiny config on CPU, and a
+Llama-2-7B shape at ZeRO-0 on one GPU and ZeRO-3 on eight. The arithmetic is written out here,
+not obtained by calling the functions under test."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rltune.plan import Hardware, estimate, parse_size, resolve_arch
+from rltune.plan.estimate import CPU_RUNTIME
+from rltune.recipe.loader import load_recipe_text
+
+GiB = 2**30
+
+TINY = """
+model: {policy: builtin:tiny-llama}
+data: {train: builtin:arithmetic, max_prompt_length: 16}
+reward: {functions: [builtin:exact_answer]}
+algorithm: {name: grpo, group_size: 4, kl: {coef: 0.01}}
+rollout: {engine: hf, batch_size: 16, max_new_tokens: 6}
+train: {batch_size: 64, micro_batch_size: 16}
+trainer: {eval_every: 0, device: cpu}
+"""
+
+# Llama-2-7B (meta-llama/Llama-2-7b-hf config.json)
+LLAMA2_7B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+             "tie_word_embeddings": False}
+# per layer: q, k, v, o 4 x 4096^2 = 67,108,864; MLP 3 x 4096 x 11008 = 135,266,304; 2 norms 8,192
+P7B_LAYER = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096            # 202,383,360
+P7B = 32 * P7B_LAYER + 2 * 32000 * 4096 + 4096                        # + embedding, LM head, final norm
+assert P7B == 6_738_415_616                                           # "6.74B"
+
+
+def recipe_of(text: str):
+    res = load_recipe_text(text, "test.yaml")
+    assert res.recipe is not None, res.findings
+    return res.recipe
+
+
+def item(plan, name: str) -> int:
+    found = [i.bytes for i in plan.items if i.name == name]
+    assert found, f"no item {name!r} in {[i.name for i in plan.items]}"
+    return found[0]
+
+
+def names(plan) -> set:
+    return {i.name for i in plan.items}
+
+
+# ---------------------------------------------------------------- tiny, CPU, fp32
+
+
+def test_tiny_llama_params_by_hand():
+    a = resolve_arch("builtin:tiny-llama")
+    # vocab 77 (4 specials + 73 characters), hidden 64, 2 heads of 32, 1 KV head, MLP 128, untied head
+    layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64   # 36,992
+    assert a.params() == 2 * 77 * 64 + 2 * layer + 64 == 83_904
+
+
+def test_tiny_cpu_budget_by_hand():
+    plan = estimate(recipe_of(TINY), Hardware("cpu"))
+    W = 83_904 * 4                                   # fp32 weights
+    assert item(plan, "actor weights") == W
+    assert item(plan, "actor optimizer state") == 83_904 * 8      # Adam m, v in fp32, no master copy
+    assert item(plan, "actor gradients") == W
+    assert item(plan, "reference weights") == W                   # kl.coef > 0: a frozen copy
+    # activations: 2 layers x (16 sequences x (16 + 6) tokens) x (7h + 2h + 4i = 448 + 128 + 512) values
+    # (SDPA with a padding mask reads k and v repeated to all heads: h wide, not kv = 32), + the 4-D
+    # mask 16 x 22 x 22, x 4 B
+    act = (2 * (16 * 22) * (7 * 64 + 2 * 64 + 4 * 128) + 16 * 22 * 22) * 4
+    assert item(plan, "actor activations") == act == 3_094_784
+    # logits of the 6 + 1 response positions: 16 x 7 x 77 x 4 B, x2 with the gradient, + 3 fp32 chunks
+    logits = 2 * 16 * 7 * 77 * 4 + 3 * 16 * 7 * 77 * 4
+    assert item(plan, "actor logits (log-prob pass + its gradient)") == logits
+    # the step (ZeRO-0): DeepSpeed's all-reduce flattens the fp32 gradients, one copy
+    assert item(plan, "actor optimizer step: flat gradient copy") == W
+    # update = runtime + weights, optimizer, reference (all phases) + gradients + the larger of the
+    # actor's pass and its step
+    assert plan.phases["update"] == CPU_RUNTIME + W + 2 * W + W + W + max(act + logits, W)
+    # the hf engine samples with the actor's own fp32 tensors: no copy; KV 16 x 22 tokens x 2 x 2 layers x 32 x 4 B
+    assert "hf rollout weights (own copy)" not in names(plan)
+    assert item(plan, "hf generate KV cache") == 16 * 22 * (2 * 2 * 32 * 4)
+    # the end-of-run checkpoint clones the actor's weights and optimizer state (CPU): 3W
+    assert item(plan, "checkpoint: cloned weights + optimizer state") == W + 2 * W
+    assert plan.phases["save"] == CPU_RUNTIME + W + 2 * W + W + 3 * W
+    assert plan.peak == max(plan.phases.values())
+    assert plan.capacity is None and plan.headroom is None and plan.proposals == []
+
+
+def test_tiny_checkpointing_keeps_layer_inputs():
+    plan = estimate(recipe_of(TINY + "actor: {gradient_checkpointing: true}\n"), Hardware("cpu"))
+    # every layer's input (2 x 352 tokens x 64) + one layer recomputed (352 x 1088) + the mask, fp32
+    assert item(plan, "actor activations") == (2 * 352 * 64 + 352 * 1088 + 16 * 22 * 22) * 4
+    assert plan.activations["without_checkpointing"] == (2 * 352 * 1088 + 16 * 22 * 22) * 4
+
+
+def test_lora_reference_is_the_adapter_disabled_and_only_the_adapter_trains():
+    text = TINY.replace("policy: builtin:tiny-llama}", "policy: builtin:tiny-llama, lora: {r: 4, alpha: 8}}")
+    plan = estimate(recipe_of(text), Hardware("cpu"))
+    # all-linear: q (64+64), k (64+32), v (64+32), o (64+64), gate, up (64+128), down (128+64), x r 4 x 2 layers
+    adapter = 2 * 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 3 * (64 + 128))
+    assert item(plan, "actor optimizer state") == adapter * 8
+    assert item(plan, "actor gradients") == adapter * 4
+    assert item(plan, "actor weights") == (83_904 + adapter) * 4
+    assert "reference weights" not in names(plan)
+
+
+# ---------------------------------------------------------------- Llama-2-7B shape, GPU, bf16
+
+
+SEVEN_B = """
+model: {{policy: {path}, attn_implementation: sdpa}}
+data: {{train: builtin:arithmetic, max_prompt_length: 512}}
+reward: {{functions: [builtin:exact_answer]}}
+algorithm: {{name: grpo, group_size: 4, kl: {{coef: 0.02}}}}
+actor: {{zero_stage: {zero}, gradient_checkpointing: true}}
+rollout: {{engine: hf, batch_size: 64, max_new_tokens: 512}}
+train: {{batch_size: 256, micro_batch_size: 2}}
+trainer: {{precision: bf16, nproc: {nproc}, eval_every: 0}}
+"""
+
+
+@pytest.fixture
+def llama7b(tmp_path):
+    d = tmp_path / "llama-2-7b"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(LLAMA2_7B))
+    return d
+
+
+def test_7b_zero0_one_gpu_by_hand(llama7b):
+    r = recipe_of(SEVEN_B.format(path=llama7b, zero=0, nproc=1))
+    plan = estimate(r, Hardware("cuda", gpus=1, mem_bytes=80 * GiB))
+    assert plan.arch.params() == P7B
+    # ZeRO paper, mixed-precision Adam: 2 + 2 + 12 = 16 bytes per parameter, nothing sharded
+    assert item(plan, "actor weights") == P7B * 2                 # 13.5 GB
+    assert item(plan, "actor gradients") == P7B * 2
+    assert item(plan, "actor optimizer state") == P7B * 12        # fp32 master + Adam m, v: 80.9 GB
+    assert item(plan, "actor weights") + item(plan, "actor gradients") + item(plan, "actor optimizer state") \
+        == P7B * 16 == 107_814_649_856
+    # DeepSpeed's 16-bit optimizer at stage 0 flattens the gradients into fp32 for the step
+    assert item(plan, "actor optimizer step: flat gradient copy") == P7B * 4
+    assert item(plan, "reference weights") == P7B * 2
+    # the hf engine samples with the actor's bf16 tensors (no copy); its KV cache:
+    # 64 sequences x 1024 tokens x (2 x 32 layers x 32 heads x 128 x 2 B = 524,288 B per token) = 32 GiB
+    assert item(plan, "hf generate KV cache") == 64 * 1024 * 524_288 == 32 * GiB
+    # it does not fit one 80 GB card; a change that fits is proposed, with its new numbers
+    assert plan.peak > 80 * GiB and plan.fits is False
+    assert plan.proposals and all(p.fits and p.peak <= 0.95 * 80 * GiB for p in plan.proposals)
+
+
+def test_7b_zero3_eight_gpus_by_hand(llama7b):
+    r = recipe_of(SEVEN_B.format(path=llama7b, zero=3, nproc=8))
+    plan = estimate(r, Hardware("cuda", gpus=8, mem_bytes=80 * GiB))
+    # stage 3 shards weights, gradients and optimizer state over the 8 ranks: 16 B x P / 8
+    assert item(plan, "actor weights") == P7B * 2 // 8
+    assert item(plan, "actor gradients") == P7B * 2 // 8
+    assert item(plan, "actor optimizer state") == P7B * 12 // 8
+    assert "actor optimizer step: flat gradient copy" not in names(plan)
+    # the reference is a ZeRO-0 engine without optimizer: whole on every rank
+    assert item(plan, "reference weights") == P7B * 2
+    # the hf engine needs its own copy (ZeRO-3 shards the actor's): whole, bf16
+    assert item(plan, "hf rollout weights (own copy)") == P7B * 2
+    # 64 sequences per call / 8 ranks = 8 per rank x 1024 tokens x 524,288 B
+    assert item(plan, "hf generate KV cache") == 8 * 1024 * 524_288
+    # activations with checkpointing: 32 layer inputs of 2 x 1024 tokens x 4096, one layer whole,
+    # the 4-D attention mask 2 x 1024 x 1024; bf16
+    per_layer = 7 * 4096 + 2 * 4096 + 4 * 11008
+    assert item(plan, "actor activations") == (32 * 2048 * 4096 + 2048 * per_layer + 2 * 1024 * 1024) * 2
+    assert plan.fits is True and plan.headroom == 80 * GiB - plan.peak
+
+
+def test_vllm_kv_tokens_and_sequences(llama7b):
+    text = SEVEN_B.format(path=llama7b, zero=3, nproc=8).replace("engine: hf", "engine: vllm")
+    plan = estimate(recipe_of(text), Hardware("cuda", gpus=8, mem_bytes=80 * GiB))
+    from rltune.plan.estimate import VLLM_GPU_RESERVE
+
+    # vLLM's share 0.5 x 80 GiB, minus its bf16 weights and reserve, in 524,288-byte tokens
+    tokens = (int(0.5 * 80 * GiB) - P7B * 2 - VLLM_GPU_RESERVE) // 524_288
+    assert plan.kv["tokens"] == tokens
+    assert plan.kv["sequences"] == tokens // 1024
+    assert item(plan, "vLLM KV cache") == tokens * 524_288
+    # sleep mode (default): vLLM's memory is freed while the trainer runs
+    kv = next(i for i in plan.items if i.name == "vLLM KV cache")
+    assert kv.phases == ("rollout",)
+
+
+def test_parse_size_units():
+    assert parse_size("80GB") == parse_size("80GiB") == parse_size("80") == 80 * GiB
+    assert parse_size("24576MiB") == 24 * GiB
+    assert parse_size("1073741824B") == GiB
+    with pytest.raises(ValueError):
+        parse_size("eighty")
+
+
+# ---------------------------------------------------------------- shared-prompt passes
+
+
+QUICK = """
+model: {policy: builtin:smollm2-135m-instruct}
+data: {train: builtin:arithmetic, max_prompt_length: 40}
+reward: {functions: [builtin:exact_answer]}
+algorithm: {name: grpo, group_size: 4, kl: {coef: 0.02}}
+rollout: {engine: hf, batch_size: 16, max_new_tokens: 16}
+train: {batch_size: 64, micro_batch_size: 8}
+trainer: {eval_every: 0, device: cpu}
+"""
+
+
+def test_shared_prompt_activations_by_hand():
+    plan = estimate(recipe_of(QUICK), Hardware("cpu"))
+    # micro-batch 8 = 2 groups of 4: the 2 distinct 40-token prompts run once with everything a layer
+    # keeps (7h + 2h + 4i = 11,328 values per token: SmolLM2 h 576, i 1536, SDPA repeats k/v), the 8
+    # responses' 16 tokens without k, v (7h + 4i = 10,176), and attention keeps k, v over all 56
+    # tokens of the 8 rows (2 x 576); 30 layers; + the masks 2 x 40 x 40 and 8 x 16 x 56; fp32
+    per_layer = 2 * 40 * 11_328 + 8 * 16 * 10_176 + 8 * 56 * 2 * 576
+    assert item(plan, "actor activations") == (30 * per_layer + 2 * 40 * 40 + 8 * 16 * 56) * 4
+    # unshared (share_prompts off): 8 rows x 56 tokens x 11,328, + the mask 8 x 56 x 56
+    off = estimate(recipe_of(QUICK.replace("micro_batch_size: 8}", "micro_batch_size: 8, share_prompts: false}")),
+                   Hardware("cpu"))
+    assert item(off, "actor activations") == (30 * 8 * 56 * 11_328 + 8 * 56 * 56) * 4
+
+
+def test_shared_prompt_conditions_match_the_trainer():
+    import importlib
+
+    from rltune.train import shared_prompt as S
+
+    E = importlib.import_module("rltune.plan.estimate")   # the module (rltune.plan.estimate is also a function)
+
+    assert E.SHARED_MODEL_TYPES == S.VERIFIED_MODEL_TYPES
+    assert E.SHARED_ATTENTION == S.VERIFIED_ATTENTION
+    assert E.SHARED_MIN_SAVED_FLOP == S.MIN_SAVED_FLOP

@@ -1,0 +1,109 @@
+"""`rltune train --dry-run`: every engine built, one small step, peak memory per phase beside the
+plan's estimate, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainlib import cli_env, run_cli, run_inproc
+
+STEP_PHASES = ("rollout", "experience", "update")
+
+
+def _no_run_written(run_dir):
+    assert not run_dir.exists(), f"the dry run wrote {sorted(p.name for p in run_dir.iterdir())}"
+
+
+def _tree(run_dir):
+    return sorted((str(p.relative_to(run_dir)), p.read_bytes() if p.is_file() else None) for p in run_dir.rglob("*"))
+
+
+@pytest.mark.parametrize("name,existing", [("tiny-grpo.yaml", True), ("tiny-ppo.yaml", False)])
+def test_dry_run_prints_every_phase_measured_and_planned_and_writes_nothing(capfd, recipe_factory, tmp_path, name,
+                                                                           existing):
+    """`existing`: trainer.output_dir holds a run: the dry run moves nothing aside and adds
+    nothing, so a later `--resume auto` sees exactly what was there."""
+    run_dir = tmp_path / "run"
+    if existing:
+        (run_dir / "checkpoints").mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+        before = _tree(run_dir)
+    res = run_inproc(capfd, "train", recipe_factory(name), "--dry-run")
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "Traceback" not in res.stderr
+    out = res.stdout
+    assert "rltune dry run:" in out and "1 optimizer update" in out
+    assert "peak RSS (VmHWM)" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    for phase in ("setup", *STEP_PHASES, "sync"):
+        assert phase in rows, out
+    for phase in STEP_PHASES:   # measured and planned, both in MiB/GiB, and their ratio
+        cells = rows[phase].split()
+        assert cells[2] in ("MiB", "GiB") and cells[4] in ("MiB", "GiB"), rows[phase]
+        assert float(cells[5]) > 0, rows[phase]
+    assert "Nothing was written" in out
+    if existing:
+        assert _tree(run_dir) == before
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith("run")] == ["run"]   # nothing moved aside
+    else:
+        _no_run_written(run_dir)
+
+
+def test_dry_run_json_numbers_are_positive_and_ordered(capfd, recipe_factory, tmp_path):
+    # PPO: the update phase holds the actor's and the critic's gradients and Adam state on top of
+    # what the no-grad experience passes need
+    res = run_inproc(capfd, "train", recipe_factory("tiny-ppo.yaml"), "--dry-run", "--format", "json")
+    assert res.returncode == 0, res.stderr[-4000:]
+    report = json.loads(res.stdout)
+    phases = report["phases"]
+    assert list(phases) == ["setup", "rollout", "experience", "update", "sync"]
+    assert report["device"] == "cpu" and report["world_size"] == 1
+    assert report["work"] == {"generation_calls": 1, "sequences_per_call": 16, "micro_batch_size": 16,
+                              "micro_batches_per_rank": 1, "optimizer_updates": 1}
+    assert report["written"] == [] and report["plan_error"] is None
+    for name, p in phases.items():
+        assert p["measured"] > 0 and p["seconds"] >= 0, (name, p)
+    assert phases["update"]["measured"] >= phases["experience"]["measured"]
+    for name in STEP_PHASES:
+        est = phases[name]["plan"]
+        assert est and est > 0, (name, phases[name])
+        # same order of magnitude (how close the plan gets is tests/plan's business)
+        assert 0.25 < phases[name]["measured"] / est < 4, (name, phases[name])
+    assert phases["setup"]["plan"] is None and phases["sync"]["plan"] is None
+    assert report["step"]["actor/loss"] is not None
+    _no_run_written(tmp_path / "run")
+
+
+def test_reduced_recipe_keeps_per_pass_sizes():
+    from rltune.recipe import load_recipe
+    from rltune.train.dryrun import reduced
+    from trainlib import ROOT
+
+    r = load_recipe(ROOT / "recipes" / "quickstart.yaml").recipe
+    small = reduced(r, world=1)
+    assert (small.rollout.batch_size, small.train.micro_batch_size) == (16, 8)       # as the recipe
+    assert (small.train.batch_size, small.gen_calls_per_step) == (16, 1)             # lcm(16, 8): one call
+    assert (small.train.ppo_epochs, small.train.updates_per_step) == (1, 1)
+    assert (small.trainer.max_steps, small.trainer.save_every, small.trainer.eval_every) == (1, 0, 0)
+    big = reduced(r.model_copy(update={"train": r.train.model_copy(update={"micro_batch_size": 32})}), world=2)
+    assert big.train.batch_size == 64 and big.gen_calls_per_step == 4                # fills 32 per rank x 2
+
+
+def test_format_json_needs_dry_run(capfd, recipe_factory):
+    res = run_inproc(capfd, "train", recipe_factory(), "--format", "json")
+    assert res.returncode == 2 and "--format applies to --dry-run only" in res.stderr
+
+
+@pytest.mark.slow
+def test_dry_run_on_two_ranks_through_the_launcher(recipe_factory, tmp_path):
+    """trainer.nproc 2: every rank runs the dry step; rank 0 prints the largest peak over ranks."""
+    res = run_cli("train", recipe_factory("tiny-grpo.yaml"), "--dry-run", "--nproc", "2", "--format", "json",
+                  env=cli_env(OMP_NUM_THREADS="1"))
+    assert res.returncode == 0, res.stderr[-4000:]
+    report = json.loads(res.stdout)
+    assert report["world_size"] == 2
+    assert report["work"]["micro_batches_per_rank"] == 1 and report["work"]["sequences_per_call"] == 16
+    assert all(p["measured"] > 0 for p in report["phases"].values())
+    _no_run_written(tmp_path / "run")
