@@ -1,7 +1,7 @@
 """Full fine-tuning vs LoRA on the quickstart workload, side by side.
 
     python benchmarks/bench_lora.py [--sides full,lora,lora-vllm-merged,lora-vllm-adapter] [--steps 10]
-                                    [--sync-steps 4] [--work DIR]
+                                    [--sync-steps 4] [--threads 2] [--work DIR]
 
 Sides (fresh processes, one after the other, same seed):
 - full: `rltune train recipes/quickstart.yaml` (SmolLM2-135M-Instruct, fp32, hf engine)
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMON = ["logging.sample_every=0", "trainer.threads=2", "trainer.device=cpu", "trainer.save_every=0"]
+COMMON = ["logging.sample_every=0", "trainer.device=cpu", "trainer.save_every=0"]
 SIDES = {   # recipe, overrides, evaluated
     "full": ("recipes/quickstart.yaml", ["rollout.engine=hf"], True),
     "lora": ("recipes/quickstart-lora.yaml", ["rollout.engine=hf"], True),
@@ -42,11 +42,12 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def run(side: str, steps: int, sync_steps: int, out: Path) -> dict:
+def run(side: str, steps: int, sync_steps: int, out: Path, threads: int = 2) -> dict:
     recipe, extra, evaluated = SIDES[side]
     n = steps if evaluated else sync_steps
     cmd = [sys.executable, "-m", "rltune", "train", recipe, f"trainer.output_dir={out / 'run'}",
-           f"trainer.max_steps={n}", f"trainer.eval_every={n if evaluated else 0}", *COMMON, *extra,
+           f"trainer.max_steps={n}", f"trainer.eval_every={n if evaluated else 0}", f"trainer.threads={threads}",
+           *COMMON, *extra,
            "--resume", "never", "--quiet"]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), HF_HUB_OFFLINE="1")
     out.mkdir(parents=True, exist_ok=True)
@@ -79,13 +80,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--sync-steps", type=int, default=4)
     p.add_argument("--work", default=None)
+    p.add_argument("--threads", type=int, default=2, help="torch threads per run (trainer.threads)")
     a = p.parse_args()
     work = Path(a.work or tempfile.mkdtemp(prefix="bench-lora-"))
     sides = a.sides.split(",")
     print(f"# bench-lora: {', '.join(sides)}; {a.steps} steps (vLLM sides {a.sync_steps}); runs in {work}", flush=True)
     rows = []
     for side in sides:
-        r = run(side, a.steps, a.sync_steps, work / side)
+        r = run(side, a.steps, a.sync_steps, work / side, a.threads)
         rows.append(r)
         print(json.dumps(r), flush=True)
     print("\n| side | steps | peak RSS (GiB) | s/step (median) | sync ms (median) | checkpoint (MB) | final/ (MB) | eval before -> after |")

@@ -5,6 +5,7 @@ length the plan assumes (it counts sequences at their longest)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,12 @@ print("MAXRSS_KB", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, "RC",
 def measured_peak(recipe: str, overrides: list, out_dir: Path) -> int:
     cmd = [sys.executable, "-c", MEASURE, sys.executable, "-m", "rltune", "train", recipe, *overrides,
            f"trainer.output_dir={out_dir}", "--resume", "never", "--quiet"]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    # the run's own distributed world: not the one in-process tests of this session left in the
+    # environment (its MASTER_PORT is taken while pytest lives)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("MAXRSS_KB")), None)
     assert line is not None and line.endswith("RC 0"), p.stdout[-2000:] + p.stderr[-3000:]
     return int(line.split()[1]) * 1024

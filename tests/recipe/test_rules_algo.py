@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import ROOT
-from recipe_testlib import MINIMAL, PPO
+from recipe_testlib import assert_rule_case, MINIMAL, PPO
 
 from rltune.recipe import RULES, check, list_presets, load_preset, load_recipe
 
@@ -64,18 +64,7 @@ ALGO_RULES = {c[0] for c in CASES}
 
 @pytest.mark.parametrize("rule,base,bad,severity,fix,good", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_rule_fires_with_its_fix_and_stays_silent(write, rule, base, bad, severity, fix, good):
-    path = write(base)
-    recipe, findings = check(path, bad)
-    assert recipe is not None, findings
-    hits = [f for f in findings if f.rule == rule]
-    assert hits, f"{rule} did not fire on {bad}: {findings}"
-    assert severity in {f.severity for f in hits}
-    assert any(fix in f.fix for f in hits), [f.fix for f in hits]
-    for f in hits:
-        assert f.message and f.path and f.file == path and f.line >= 1
-    recipe, findings = check(path, good)
-    assert recipe is not None, findings
-    assert [f for f in findings if f.rule == rule] == []
+    assert_rule_case(write(base), rule, bad, severity, fix, good)
 
 
 def test_rules_registered_with_metadata_before_the_waiver_rules():

@@ -25,9 +25,9 @@ def dist():
     return init_distributed("cpu")
 
 
-def _recipe(algo="grpo", lora=None, **actor):
+def _recipe(algo="grpo", lora=None, policy="builtin:tiny-llama", **actor):
     return Recipe.model_validate({
-        "model": {"policy": "builtin:tiny-llama", "lora": dict(LORA, **(lora or {}))},
+        "model": {"policy": policy, "lora": dict(LORA, **(lora or {}))},
         "data": {"train": "builtin:arithmetic"}, "reward": {"functions": ["builtin:format"]},
         "algorithm": {"name": algo}, "actor": {"lr": 5e-2, "warmup_steps": 0, **actor},
         "critic": {"lr": 1e-1, "warmup_steps": 0},
@@ -287,15 +287,19 @@ def test_two_ranks_match_one_with_lora(tmp_path, capfd):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-5), (a["step"], k, a[k], b[k])
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_adapter_checkpoint_round_trip_per_zero_stage(dist, tmp_path, stage):
+@pytest.mark.parametrize("stage,policy", [(0, "builtin:tiny-llama"), (1, "builtin:tiny-llama"),
+                                          (2, "builtin:tiny-llama"), (3, "builtin:tiny-llama"),
+                                          (0, "builtin:tiny-qwen2")])
+def test_adapter_checkpoint_round_trip_per_zero_stage(dist, tmp_path, stage, policy):
     """Every ZeRO stage: the adapter trains with the base frozen, the checkpoint holds the adapter
-    and its optimizer state only, and a fresh actor loaded from it continues exactly."""
+    and its optimizer state only (tiny-qwen2: not the tied LM head either, an alias of the frozen
+    embedding that DeepSpeed's exclude_frozen_parameters kept), and a fresh actor loaded from it
+    continues exactly."""
     from rltune.engine.roles import build_actor
     from rltune.engine.weights import full_state_dict
     from rltune.train import checkpoint as ckpt
 
-    r = _recipe(zero_stage=stage)
+    r = _recipe(zero_stage=stage, policy=policy)
     torch.manual_seed(0)
     actor = build_actor(r, "cpu", 10)
     base_before = {n: t for n, t in full_state_dict(actor).items() if "lora_" not in n}

@@ -95,8 +95,10 @@ def save(run_dir: Path, step: int, engines: dict, state: dict, gen: torch.Genera
         for name, engine in engines.items():
             if engine is not None:
                 # LoRA: the adapter (and its optimizer state) only; the frozen base is model.policy's
-                engine.save_checkpoint(str(tmp / name), tag="ds", save_latest=False,
-                                       exclude_frozen_parameters=_has_frozen(engine))
+                frozen = _has_frozen(engine)
+                with _frozen_aliases_excluded(engine, frozen):
+                    engine.save_checkpoint(str(tmp / name), tag="ds", save_latest=False,
+                                           exclude_frozen_parameters=frozen)
         torch.save(rng_state(gen), tmp / f"rng-rank{rank}.pt")
         if pause is not None:  # tests: a window in which the save is half done (faults.py)
             pause(step)
@@ -241,6 +243,37 @@ def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
     if rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=True), gen)
     return json.loads((path / "state.json").read_text())
+
+
+class _frozen_aliases_excluded:
+    """DeepSpeed's `exclude_frozen_parameters` drops frozen parameters by `named_parameters()`,
+    which names a tied weight once: its alias (a tied LM head: vocab x hidden, 113 MB for SmolLM2)
+    stayed in every LoRA checkpoint. While saving, every name of a frozen tensor is dropped."""
+
+    def __init__(self, engine, active: bool):
+        self.engine, self.active = engine, active
+
+    def __enter__(self):
+        if not self.active:
+            return self
+        engine = self.engine
+        original = engine.module_state_dict
+
+        def module_state_dict(*args, exclude_frozen_parameters=False, **kw):
+            sd = original(*args, exclude_frozen_parameters=exclude_frozen_parameters, **kw)
+            if exclude_frozen_parameters:
+                for n, p in engine.module.named_parameters(remove_duplicate=False):
+                    if not p.requires_grad:
+                        sd.pop(n, None)
+            return sd
+
+        engine.module_state_dict = module_state_dict
+        return self
+
+    def __exit__(self, *exc):
+        if self.active:
+            del self.engine.module_state_dict   # the class's method again
+        return False
 
 
 def _has_frozen(engine) -> bool:
