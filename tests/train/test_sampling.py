@@ -200,3 +200,49 @@ def test_a_masked_out_response_weighs_nothing_in_the_accumulated_loss(agg):
     acc = sum(micro_weight(mm, tokens, seqs, agg) * aggregate(xx, mm, agg, 3) for xx, mm in mbs)
     keep = torch.tensor([0, 1, 3])
     assert float(acc) == pytest.approx(float(aggregate(x[keep], m[keep], agg, 3)))
+
+
+# ---- two ranks: every rank generates as long as the worst one is short
+
+def _two_rank_worker(rank, world, port, out_dir):
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        # rank 0's prompts all carry signal (its batch is full after one round); rank 1's half
+        rows = [{"prompt": str(i % 10), "signal": rank == 0 or i % 2 == 0} for i in range(400)]
+        c = components({"algorithm.filter_groups": {"metric": "reward", "max_gen_calls": 8}}, rows=rows)
+        c.dist = SimpleNamespace(is_main=rank == 0)
+        out = sample_step(c)
+        (out_dir / f"rank{rank}.json").write_text(json.dumps(
+            {"calls": c.rollout.calls, "size": out.batch.exp.size, "signal": group_signal(out.batch),
+             "metrics": out.metrics}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dynamic_sampling_on_two_ranks_runs_the_same_rounds_and_sums_the_counts(tmp_path):
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_two_rank_worker, args=(2, port, tmp_path), nprocs=2, join=True)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    # rank 1 needs 8 calls (as in the one-rank test); rank 0, full after its first round, generates
+    # alongside it (a rank that stopped would leave the other waiting in the collectives)
+    assert r0["calls"] == r1["calls"] == [16, 8, 4, 4]
+    assert r0["size"] == r1["size"] == 64 and all(r0["signal"]) and all(r1["signal"])
+    m, m1 = r0["metrics"], r1["metrics"]
+    assert m.pop("timing/extra_gen_s") >= 0 and m1.pop("timing/extra_gen_s") >= 0   # each rank's own clock
+    assert m == m1                                        # global counts, the same on every rank
+    assert m["rollout/gen_calls"] == 8
+    # generated 32 + 32 groups; dropped 0 + 16; kept 16 + 16; surplus 16 (rank 0's later rounds) + 0
+    assert (m["rollout/groups_generated"], m["rollout/groups_kept"], m["rollout/groups_dropped"],
+            m["rollout/groups_topped_up"], m["rollout/groups_surplus"]) == (64, 32, 16, 0, 16)
+    assert m["rollout/zero_std_frac"] == 0.25
