@@ -51,6 +51,28 @@ def test_patch_writes_the_source_file_with_the_changes(tmp_path, capsys):
     assert yaml.safe_load(text)["critic"] == {"lr": 1.5e-06}
 
 
+def test_patch_carries_the_runs_command_line_overrides(tmp_path, capsys):
+    # the run was `rltune train my.yaml trainer.output_dir=/x/run2 actor.lr=1e-5`: the patched file
+    # must describe that run (its output_dir above all: `--allow-recipe-change` continues it),
+    # with the diagnosis' changes on top (they win over an override of the same key)
+    src = tmp_path / "my.yaml"
+    src.write_text(USER)
+    trace, _ = fault("reward_swing")
+    d = write_run(tmp_path / "run", trace, {**RECIPE, "actor": {"lr": 1e-5}, "critic": {"lr": 3e-5},
+                                            "algorithm": {"name": "ppo"}})
+    resolved = (d / "recipe.yaml").read_text()
+    (d / "recipe.yaml").write_text(f"# source: {src}\n# overrides: trainer.output_dir=/x/run2 'actor.lr=1e-5'\n"
+                                   + resolved)
+    out = tmp_path / "fixed.yaml"
+    assert run(d, patch=out) == 1
+    data = yaml.safe_load(out.read_text())
+    assert data["trainer"]["output_dir"] == "/x/run2"
+    assert data["actor"]["lr"] == 5e-07 and data["critic"]["lr"] == 1.5e-06
+    assert "# first try" in out.read_text()
+    printed = capsys.readouterr().out
+    assert "with the run's command-line overrides written in: trainer.output_dir=/x/run2 actor.lr=1e-5" in printed
+
+
 def test_patch_lints_the_result(tmp_path, capsys):
     src = tmp_path / "my.yaml"
     src.write_text(USER.replace("  lr: 3.0e-5\n", "  lr: 3.0e-5\n  warmup_steps: 0\n"))

@@ -42,10 +42,11 @@ def _quiet_main(*args) -> int:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
-    """A finished 2-step PPO run: checkpoints step 1 and 2, final/."""
+    """A finished 2-step PPO run: checkpoints step 1 and 2, final/. Started with an override that
+    repeats the recipe's seed (the recipe, and so its hash, is the same as without it)."""
     tmp = tmp_path_factory.mktemp("finished")
     path = tiny_recipe(tmp, "tiny-ppo.yaml", **BASE)
-    assert _quiet_main("train", path) == 0
+    assert _quiet_main("train", path, "trainer.seed=5") == 0
     return tmp / "run"
 
 
@@ -400,3 +401,16 @@ def test_run_recipe_names_its_source_for_diagnose_patch(finished):
 
     src = recipe_source(finished)
     assert src is not None and src.parent == finished.parent.resolve() and src.is_file()
+    # ... and the command's key=value overrides, which the patched file must carry too
+    from rltune.commands.diagnose import run_overrides
+
+    assert (finished / "recipe.yaml").read_text().splitlines()[1] == "# overrides: trainer.seed=5"
+    assert run_overrides(finished) == ["trainer.seed=5"]
+
+
+def test_command_overrides_are_the_key_value_arguments():
+    from rltune.train.rundir import command_overrides
+
+    args = ["r.yaml", "actor.lr=2e-6", "--nproc", "2", "algorithm.kl.coef=0.05", "--quiet", "--master_port=2950"]
+    assert command_overrides(args) == ["actor.lr=2e-6", "algorithm.kl.coef=0.05"]
+    assert command_overrides(["r.yaml"]) == []

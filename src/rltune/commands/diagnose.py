@@ -116,29 +116,48 @@ def shown_events(d: dict) -> list[dict]:
 SOURCE_TAG = "# source: "   # first lines of RUN_DIR/recipe.yaml: the recipe file the run was started from
 
 
-def recipe_source(run_dir) -> Optional[Path]:
-    """The user's recipe file named by RUN_DIR/recipe.yaml's `# source: PATH` header, if it still exists."""
+def _recipe_header(run_dir) -> list[str]:
     p = Path(run_dir)
     rp = p / "recipe.yaml" if p.is_dir() else p.parent / "recipe.yaml"
     try:
         with open(rp, encoding="utf-8") as f:
-            head = [next(f, "") for _ in range(5)]
+            return [next(f, "") for _ in range(5)]
     except OSError:
-        return None
-    for line in head:
+        return []
+
+
+def recipe_source(run_dir) -> Optional[Path]:
+    """The user's recipe file named by RUN_DIR/recipe.yaml's `# source: PATH` header, if it still exists."""
+    for line in _recipe_header(run_dir):
         if line.startswith(SOURCE_TAG):
             src = Path(line[len(SOURCE_TAG):].strip())
             return src if src.is_file() else None
     return None
 
 
-def patch_source(out_path, source: Path, changes: dict) -> tuple[Path, list]:
-    """Write the user's recipe `source` with only `changes` edited in place (comments and layout
-    kept), then lint the result: (path, its error and warning findings)."""
+def run_overrides(run_dir) -> list[str]:
+    """The `key=value` overrides the run was started with (RUN_DIR/recipe.yaml's `# overrides:` header)."""
+    import shlex
+
+    from rltune.train.rundir import OVERRIDES_TAG
+
+    for line in _recipe_header(run_dir):
+        if line.startswith(OVERRIDES_TAG):
+            return shlex.split(line[len(OVERRIDES_TAG):])
+    return []
+
+
+def patch_source(out_path, source: Path, changes: dict, overrides: Sequence[str] = ()) -> tuple[Path, list]:
+    """Write the user's recipe `source` with the run's command-line `overrides` and then `changes`
+    edited in place (comments and layout kept), then lint the result: (path, its error and
+    warning findings). Without the overrides the patched file would describe another run."""
+    from rltune.recipe.loader import parse_override
     from rltune.recipe.yamlio import edit_yaml_text, read_yaml_text
 
     out_path = Path(out_path)
-    text = edit_yaml_text(read_yaml_text(source, str(source)), changes)
+    edits = dict(parse_override(o) for o in overrides)
+    edits.update(changes)
+    text = edit_yaml_text(read_yaml_text(source, str(source)), edits)
     from rltune.commands.validate import check_text
 
     findings = check_text(text, str(out_path), source.parent)
@@ -227,6 +246,8 @@ def _print_patch(p: dict) -> None:
                "full": "the run's resolved recipe (the run does not name its recipe file)",
                "changes-only": "changes only: no recipe.yaml in the run"}[p["content"]]
     print(f"wrote {p['path']} ({len(p['changes'])} change(s); {content})")
+    if p.get("overrides"):
+        print("  with the run's command-line overrides written in: " + " ".join(p["overrides"]))
     if p["findings"]:
         print(format_findings([Finding(**f) for f in p["findings"]], "text"))
     if p["changes"]:
@@ -252,10 +273,11 @@ def run(run_dir, fmt: str = "text", patch=None, maps: Sequence[str] = (), source
         from rltune.errors import RecipeInputError
 
         source = recipe_source(run_dir)
+        overrides = run_overrides(run_dir) if source is not None else []
         findings: list = []
         try:
             if source is not None:
-                path, findings = patch_source(patch, source, changes)
+                path, findings = patch_source(patch, source, changes, overrides)
                 kind = "source"
             else:
                 path, kind = write_patch(patch, raw, changes)
@@ -264,7 +286,7 @@ def run(run_dir, fmt: str = "text", patch=None, maps: Sequence[str] = (), source
         except RecipeInputError as e:
             return _err(f"--patch {patch}: {e}")
         d["patch"] = {"path": str(path), "content": kind, "changes": changes,
-                      "source": str(source) if source else None, "findings": [f.to_dict() for f in findings]}
+                      "source": str(source) if source else None, "overrides": overrides, "findings": [f.to_dict() for f in findings]}
     if fmt == "json":
         print(json.dumps(d, indent=2, default=str))
     else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import shlex
 import signal
 from pathlib import Path
 
@@ -117,7 +118,9 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
         setup_logging(run_dir, console, dist.is_main)  # train.log went with the old run
         LOG.warning("%s", moved)
     if dist.is_main:
+        overrides = rd.command_overrides(command)
         _write(run_dir / "recipe.yaml", f"# source: {Path(recipe_path).resolve()}\n"
+               + (rd.OVERRIDES_TAG + shlex.join(overrides) + "\n" if overrides else "")
                + yaml.safe_dump(recipe_dict, sort_keys=False), hint)
     drawn_seed = saved.get("seed") if resume_path is not None else None
     c = build(recipe, dist, recipe_path.parent, seed=drawn_seed)
