@@ -77,9 +77,11 @@ def test_tiny_cpu_budget_by_hand():
     assert item(plan, "actor logits (log-prob pass + its gradient)") == logits
     # the step (ZeRO-0): DeepSpeed's all-reduce flattens the fp32 gradients, one copy
     assert item(plan, "actor optimizer step: flat gradient copy") == W
+    # on CPU glibc keeps one more of the pass's activations and logits resident (empirical)
+    assert item(plan, "CPU allocator retention (glibc)") == act + logits
     # update = runtime + weights, optimizer, reference (all phases) + gradients + the larger of the
-    # actor's pass and its step
-    assert plan.phases["update"] == CPU_RUNTIME + W + 2 * W + W + W + max(act + logits, W)
+    # actor's pass (with the retention) and its step
+    assert plan.phases["update"] == CPU_RUNTIME + W + 2 * W + W + W + max(2 * (act + logits), W)
     # the hf engine samples with the actor's own fp32 tensors: no copy; KV 16 x 22 tokens x 2 x 2 layers x 32 x 4 B
     assert "hf rollout weights (own copy)" not in names(plan)
     assert item(plan, "hf generate KV cache") == 16 * 22 * (2 * 2 * 32 * 4)

@@ -100,7 +100,8 @@ def test_tiny_recipe_peak_rss_within_tolerance(tmp_path, recipe):
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["recipes/quickstart.yaml", "recipes/quickstart-lora.yaml"])
 def test_smollm2_quickstart_peak_rss_within_tolerance(tmp_path, recipe):
-    # the quickstart's chat-templated prompts are 43 tokens: truncated to 40, all are 40 long; the
-    # peak is reached in the first step's update (the optimizer state exists from then on)
-    check(recipe, ["trainer.max_steps=1", "trainer.eval_every=0", "trainer.save_every=0", "rollout.engine=hf",
+    # the quickstart's chat-templated prompts are 43 tokens: truncated to 40, all are 40 long. Two
+    # steps: the first update creates the optimizer state, and what the allocator keeps resident
+    # settles from the second on (a full fine-tune's first step peaks ~0.9 GiB lower than its second)
+    check(recipe, ["trainer.max_steps=2", "trainer.eval_every=0", "trainer.save_every=0", "rollout.engine=hf",
                    "data.max_prompt_length=40"], tmp_path)
