@@ -32,14 +32,21 @@ def test_edit_keeps_comments_replaces_in_place_and_adds_missing_keys():
         "  name: ppo\n", "  name: ppo\n  kl:\n    coef: 0.05\n") + "trainer:\n  seed: 3\n"
 
 
-def test_patch_writes_the_source_file_with_the_changes(tmp_path, capsys):
+def _ppo_run_from(tmp_path, header: str = ""):
+    """A reward-swing PPO run started from my.yaml (USER): (run dir, my.yaml); `header` lines go
+    below the run recipe's `# source:` line."""
     src = tmp_path / "my.yaml"
     src.write_text(USER)
     trace, _ = fault("reward_swing")
     d = write_run(tmp_path / "run", trace, {**RECIPE, "actor": {"lr": 1e-5}, "critic": {"lr": 3e-5},
                                             "algorithm": {"name": "ppo"}})
     resolved = (d / "recipe.yaml").read_text()
-    (d / "recipe.yaml").write_text(f"# source: {src}\n" + resolved)
+    (d / "recipe.yaml").write_text(f"# source: {src}\n{header}" + resolved)
+    return d, src
+
+
+def test_patch_writes_the_source_file_with_the_changes(tmp_path, capsys):
+    d, src = _ppo_run_from(tmp_path)
     out = tmp_path / "fixed.yaml"
     assert run(d, patch=out) == 1
     text = out.read_text()
@@ -55,14 +62,7 @@ def test_patch_carries_the_runs_command_line_overrides(tmp_path, capsys):
     # the run was `rltune train my.yaml trainer.output_dir=/x/run2 actor.lr=1e-5`: the patched file
     # must describe that run (its output_dir above all: `--allow-recipe-change` continues it),
     # with the diagnosis' changes on top (they win over an override of the same key)
-    src = tmp_path / "my.yaml"
-    src.write_text(USER)
-    trace, _ = fault("reward_swing")
-    d = write_run(tmp_path / "run", trace, {**RECIPE, "actor": {"lr": 1e-5}, "critic": {"lr": 3e-5},
-                                            "algorithm": {"name": "ppo"}})
-    resolved = (d / "recipe.yaml").read_text()
-    (d / "recipe.yaml").write_text(f"# source: {src}\n# overrides: trainer.output_dir=/x/run2 'actor.lr=1e-5'\n"
-                                   + resolved)
+    d, _ = _ppo_run_from(tmp_path, "# overrides: trainer.output_dir=/x/run2 'actor.lr=1e-5'\n")
     out = tmp_path / "fixed.yaml"
     assert run(d, patch=out) == 1
     data = yaml.safe_load(out.read_text())
