@@ -40,6 +40,8 @@ CASES = [
      ["model.lora={r: 32, alpha: 16}"]),
     ("lora-sync-adapter", MINIMAL, [LORA, "rollout.engine=hf", "rollout.lora_sync=adapter"], "info",
      "remove rollout.lora_sync", [LORA, "rollout.engine=hf"]),
+    ("lora-sync-adapter", MINIMAL, [LORA, "rollout.engine=vllm", "rollout.lora_sync=adapter", "trainer.device=cpu"],
+     "info", "set rollout.lora_sync: merged", [LORA, "rollout.engine=vllm", "trainer.device=cpu"]),
 ]
 LORA_RULES = {c[0] for c in CASES}
 
