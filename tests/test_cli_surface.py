@@ -17,27 +17,6 @@ MINIMAL = "model:\n  policy: builtin:tiny-llama\ndata:\n  train: builtin:arithme
 
 
 @pytest.fixture
-def cli(capsys, monkeypatch):
-    """cli(*args) -> (exit code, stdout + stderr), running rltune.cli.main in-process."""
-    from rltune.cli import main
-
-    monkeypatch.setenv("NO_COLOR", "1")
-    monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.delenv("RLTUNE_DEBUG", raising=False)
-
-    def _run(*args):
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        out = capsys.readouterr()
-        return code, out.out + out.err
-
-    return _run
-
-
-@pytest.fixture
 def recipe(tmp_path):
     p = tmp_path / "recipe.yaml"
     p.write_text(MINIMAL, encoding="utf-8")

@@ -1,11 +1,9 @@
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def write(tmp_path):
@@ -17,20 +15,3 @@ def write(tmp_path):
         return str(p)
 
     return _write
-
-
-@pytest.fixture
-def cli(capsys):
-    """cli(*args) -> (exit code, stdout + stderr), running rltune.cli.main in-process."""
-    from rltune.cli import main
-
-    def _run(*args):
-        code = 0
-        try:
-            main(list(args))
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        out = capsys.readouterr()
-        return code, out.out + out.err
-
-    return _run

@@ -1,4 +1,9 @@
-"""Shared text for the recipe tests (unique module name: tests/ has no packages)."""
+"""Shared text for the recipe tests (unique module name: tests/ has no packages; a test that
+imported from `conftest` would get whichever directory's conftest pytest loaded last)."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 MINIMAL = """\
 model:

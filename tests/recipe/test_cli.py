@@ -6,8 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
-from recipe_testlib import MINIMAL, PPO
+from recipe_testlib import ROOT, MINIMAL, PPO
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "NO_COLOR": "1"}
 ENV.pop("RLTUNE_DEBUG", None)

@@ -5,8 +5,7 @@ presets merged under the shipped recipes."""
 from __future__ import annotations
 
 import pytest
-from conftest import ROOT
-from recipe_testlib import assert_rule_case, MINIMAL, PPO
+from recipe_testlib import ROOT, assert_rule_case, MINIMAL, PPO
 
 from rltune.recipe import RULES, check, list_presets, load_preset, load_recipe
 

@@ -9,8 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
-from recipe_testlib import assert_rule_case, MINIMAL, PPO
+from recipe_testlib import ROOT, assert_rule_case, MINIMAL, PPO
 
 from rltune.recipe import RULES, check, list_presets, load_preset, load_recipe
 from rltune.recipe.rules_lora import smallest_target

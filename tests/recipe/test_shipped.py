@@ -6,8 +6,7 @@ import json
 import os
 
 import pytest
-from conftest import ROOT
-from recipe_testlib import MINIMAL, PPO
+from recipe_testlib import ROOT, MINIMAL, PPO
 
 from rltune.recipe import check, list_presets, load_preset, load_recipe
 
