@@ -262,16 +262,16 @@ def estimate(recipe, hw: Hardware) -> "Plan":
         f"({'off' if a.gradient_checkpointing else 'on'}: {B.fmt_bytes(other)})"
         + (f"; shared-prompt passes: {u} distinct prompt(s) per micro-batch" if u and not a.gradient_checkpointing
            else ""), "actor pass")
-    add("actor logits (log-prob pass + its gradient)", B.logits_bytes(arch, micro, T, b, backward=True),
-        ("update",), f"{micro} x {T + 1} x vocab {arch.vocab} x {b} B, x2 for the gradient, + fp32 chunks",
+    logits = B.logits_bytes(arch, micro, T, b, backward=True)
+    add("actor logits (log-prob pass + its gradient)", logits, ("update",),
+        f"{micro} x {T + 1} x vocab {arch.vocab} x {b} B, x2 for the gradient, + fp32 chunks",
         "actor pass")
     if cpu:
         # glibc's malloc keeps what the update pass frees (an empirical term, docs/plan.md): the
         # logits' large frees raise its mmap threshold, so the activations land in heaps that stay
         # resident. SmolLM2 LoRA dry run: update 2.03 GiB measured against 1.60 GiB live; with
         # GLIBC_TUNABLES=glibc.malloc.mmap_threshold=65536:glibc.malloc.trim_threshold=65536 1.69 GiB
-        add("CPU allocator retention (glibc)",
-            act + B.logits_bytes(arch, micro, T, b, backward=True), ("update",),
+        add("CPU allocator retention (glibc)", act + logits, ("update",),
             "freed activations and logits the allocator keeps resident: one more of each (measured)", "actor pass")
     activ = {"checkpointing": a.gradient_checkpointing,
              "with_checkpointing": B.activations(arch, micro, seq, b, True, attn, P, u),

@@ -17,9 +17,8 @@ TIGHT = 0.05     # headroom below this share of the card: a warning (allocator f
 
 
 def _hardware(r: Recipe, ctx: Ctx):
-    hw = getattr(ctx, "hardware", None)
-    if hw is not None:
-        return hw
+    if ctx.hardware is not None:
+        return ctx.hardware
     from rltune.plan import hardware_for
 
     try:
