@@ -103,7 +103,7 @@ def global_loss(loss_fn, exp, agg) -> float:
 
 def main() -> int:
     case, out = json.loads(sys.argv[1]), Path(sys.argv[2])
-    from rltune.engine.distributed import init_distributed
+    from rltune.engine.distributed import init_distributed, shutdown_distributed
     from rltune.engine.roles import build_actor, build_critic, build_reference
     from rltune.engine.weights import iter_full_params
     from rltune.algo import make_kl_controller
@@ -176,6 +176,7 @@ def main() -> int:
             "finite": all(math.isfinite(float(t.sum())) for t in params.values()),
         }
         (out / "result.json").write_text(json.dumps(result))
+    shutdown_distributed()
     return 0
 
 

@@ -66,3 +66,34 @@ def init_distributed(requested_device: str = "auto") -> DistInfo:
         torch.cuda.set_device(local_rank)
         return DistInfo(rank, world, local_rank, f"cuda:{local_rank}")
     return DistInfo(rank, world, local_rank, "cpu")
+
+
+def shutdown_distributed(clean: bool = True) -> None:
+    """Tear a multi-rank process group down before the interpreter exits.
+
+    Left to interpreter exit, gloo's worker threads can be destroyed while still joinable
+    (`terminate called without an active exception`, SIGABRT on a rank that had finished its
+    work). `clean`: every rank got here the normal way, so a barrier first keeps one rank from
+    closing its connections while a peer is still inside the last collective; after an error
+    the peers may never arrive, so no barrier. A world of one is left as it is: nothing to race,
+    and in-process callers (tests) build several runs on the same process group.
+    """
+    import sys
+
+    if "torch.distributed" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return
+    if clean:
+        try:
+            if dist.get_backend() == "gloo":  # a peer that never arrives is named, not waited on forever
+                from datetime import timedelta
+
+                dist.monitored_barrier(timeout=timedelta(minutes=5))
+            else:
+                dist.barrier()
+        except RuntimeError:
+            pass  # the run's own result stands; tearing down is all that is left
+    dist.destroy_process_group()

@@ -122,14 +122,25 @@ def plan_phases(recipe: Recipe, dist) -> tuple[dict[str, int] | None, str | None
 
 
 def dry_run(recipe: Recipe, recipe_path: Path, fmt: str = "text", quiet: bool = False) -> int:
+    from ..engine.distributed import init_distributed, shutdown_distributed
+
+    dist = init_distributed(recipe.trainer.device)
+    clean = False
+    try:
+        code = _dry_run(recipe, recipe_path, fmt, quiet, dist)
+        clean = True
+        return code
+    finally:
+        shutdown_distributed(clean)
+
+
+def _dry_run(recipe: Recipe, recipe_path: Path, fmt: str, quiet: bool, dist) -> int:
     import torch
 
-    from ..engine.distributed import init_distributed
     from .collective import global_max
     from .loop import initial_knobs, train_step
     from .setup import build
 
-    dist = init_distributed(recipe.trainer.device)
     # console only: no train.log (nothing is written under trainer.output_dir)
     setup_logging(None, "quiet" if quiet else recipe.logging.console, dist.is_main)
     small = reduced(recipe, dist.world_size)

@@ -65,17 +65,21 @@ def _main_first(dist, fn):
 def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_change: bool = False,
           quiet: bool = False, command: list[str] | None = None) -> int:
     """`command`: the user's arguments after `rltune train` (for the resume hint)."""
-    from ..engine.distributed import init_distributed
+    from ..engine.distributed import init_distributed, shutdown_distributed
     from .rundir import RunLock, prepare
 
     dist = init_distributed(recipe.trainer.device)
     run_dir = Path(recipe.trainer.output_dir)
     lock = RunLock(run_dir)
-    stale = _main_first(dist, lambda: (prepare(run_dir), lock.acquire())[1])
+    clean = False
     try:
-        return _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dist, run_dir, stale)
+        stale = _main_first(dist, lambda: (prepare(run_dir), lock.acquire())[1])
+        code = _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dist, run_dir, stale)
+        clean = True
+        return code
     finally:
         lock.release()
+        shutdown_distributed(clean)
 
 
 def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dist, run_dir, stale) -> int:
