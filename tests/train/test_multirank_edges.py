@@ -115,6 +115,33 @@ def test_broadcast_int_two_ranks_share_rank0s_value(tmp_path):
     assert values == [random.Random(0).randrange(2**31)] * 2
 
 
+def _shutdown_worker(rank, world, port, out_dir):
+    import time
+
+    import torch.distributed as dist
+
+    from rltune.engine.distributed import shutdown_distributed
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    if rank == 1:
+        time.sleep(1.0)  # rank 1 is still at work when rank 0 is done
+    arrived = time.time()
+    shutdown_distributed()
+    left = time.time()
+    (out_dir / f"rank{rank}").write_text(f"{arrived} {left} {dist.is_initialized()}")
+
+
+def test_shutdown_waits_for_every_rank_then_destroys_the_group(tmp_path):
+    """The end of a multi-rank run: no rank tears its connections down while a peer is still
+    working (a barrier first), and every rank leaves with its process group destroyed."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_shutdown_worker, args=(2, _free_port(), tmp_path), nprocs=2, join=True)
+    (a0, l0, init0), (a1, l1, init1) = [(tmp_path / f"rank{r}").read_text().split() for r in range(2)]
+    assert float(l0) >= float(a1)   # rank 0 waited for rank 1 to arrive
+    assert (init0, init1) == ("False", "False")
+
+
 # ---- model.attn_implementation: auto on cuda:N
 
 @pytest.mark.parametrize("device,want", [("cuda:0", "flash_attention_2"), ("cuda:3", "flash_attention_2"),
