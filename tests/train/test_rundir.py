@@ -406,11 +406,3 @@ def test_run_recipe_names_its_source_for_diagnose_patch(finished):
 
     assert (finished / "recipe.yaml").read_text().splitlines()[1] == "# overrides: trainer.seed=5"
     assert run_overrides(finished) == ["trainer.seed=5"]
-
-
-def test_command_overrides_are_the_key_value_arguments():
-    from rltune.train.rundir import command_overrides
-
-    args = ["r.yaml", "actor.lr=2e-6", "--nproc", "2", "algorithm.kl.coef=0.05", "--quiet", "--master_port=2950"]
-    assert command_overrides(args) == ["actor.lr=2e-6", "algorithm.kl.coef=0.05"]
-    assert command_overrides(["r.yaml"]) == []

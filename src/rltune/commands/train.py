@@ -80,7 +80,7 @@ def run(recipe_path: str, overrides: list[str], resume: str = "auto", allow_reci
 
     try:
         return train(recipe, Path(recipe_path), resume=resume, allow_recipe_change=allow_recipe_change, quiet=quiet,
-                     command=command)
+                     command=command, overrides=overrides)
     except KeyboardInterrupt:
         print("rltune: interrupted", file=sys.stderr)
         return 130

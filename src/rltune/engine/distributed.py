@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -97,3 +98,16 @@ def shutdown_distributed(clean: bool = True) -> None:
         except RuntimeError:
             pass  # the run's own result stands; tearing down is all that is left
     dist.destroy_process_group()
+
+
+@contextmanager
+def process_group(requested_device: str = "auto"):
+    """`with process_group(device) as dist:` a run's ranks, torn down when the block ends (with a
+    barrier when it ends normally, without one after an exception)."""
+    dist = init_distributed(requested_device)
+    clean = False
+    try:
+        yield dist
+        clean = True
+    finally:
+        shutdown_distributed(clean)

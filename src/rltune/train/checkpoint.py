@@ -14,6 +14,7 @@ previous good one is used. Our files load with `weights_only=True` or JSON.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -245,35 +246,29 @@ def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
     return json.loads((path / "state.json").read_text())
 
 
-class _frozen_aliases_excluded:
+@contextlib.contextmanager
+def _frozen_aliases_excluded(engine, active: bool):
     """DeepSpeed's `exclude_frozen_parameters` drops frozen parameters by `named_parameters()`,
     which names a tied weight once: its alias (a tied LM head: vocab x hidden, 113 MB for SmolLM2)
     stayed in every LoRA checkpoint. While saving, every name of a frozen tensor is dropped."""
+    if not active:
+        yield
+        return
+    original = engine.module_state_dict
 
-    def __init__(self, engine, active: bool):
-        self.engine, self.active = engine, active
+    def module_state_dict(*args, exclude_frozen_parameters=False, **kw):
+        sd = original(*args, exclude_frozen_parameters=exclude_frozen_parameters, **kw)
+        if exclude_frozen_parameters:
+            for n, p in engine.module.named_parameters(remove_duplicate=False):
+                if not p.requires_grad:
+                    sd.pop(n, None)
+        return sd
 
-    def __enter__(self):
-        if not self.active:
-            return self
-        engine = self.engine
-        original = engine.module_state_dict
-
-        def module_state_dict(*args, exclude_frozen_parameters=False, **kw):
-            sd = original(*args, exclude_frozen_parameters=exclude_frozen_parameters, **kw)
-            if exclude_frozen_parameters:
-                for n, p in engine.module.named_parameters(remove_duplicate=False):
-                    if not p.requires_grad:
-                        sd.pop(n, None)
-            return sd
-
-        engine.module_state_dict = module_state_dict
-        return self
-
-    def __exit__(self, *exc):
-        if self.active:
-            del self.engine.module_state_dict   # the class's method again
-        return False
+    engine.module_state_dict = module_state_dict
+    try:
+        yield
+    finally:
+        del engine.module_state_dict   # the class's method again
 
 
 def _has_frozen(engine) -> bool:

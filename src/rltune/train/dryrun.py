@@ -122,16 +122,10 @@ def plan_phases(recipe: Recipe, dist) -> tuple[dict[str, int] | None, str | None
 
 
 def dry_run(recipe: Recipe, recipe_path: Path, fmt: str = "text", quiet: bool = False) -> int:
-    from ..engine.distributed import init_distributed, shutdown_distributed
+    from ..engine.distributed import process_group
 
-    dist = init_distributed(recipe.trainer.device)
-    clean = False
-    try:
-        code = _dry_run(recipe, recipe_path, fmt, quiet, dist)
-        clean = True
-        return code
-    finally:
-        shutdown_distributed(clean)
+    with process_group(recipe.trainer.device) as dist:
+        return _dry_run(recipe, recipe_path, fmt, quiet, dist)
 
 
 def _dry_run(recipe: Recipe, recipe_path: Path, fmt: str, quiet: bool, dist) -> int:

@@ -10,6 +10,7 @@ import logging
 import shlex
 import signal
 from pathlib import Path
+from typing import Sequence
 
 from ..recipe.knobs import KNOB_KEYS
 from ..recipe.schema import Recipe
@@ -63,26 +64,25 @@ def _main_first(dist, fn):
 
 
 def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_change: bool = False,
-          quiet: bool = False, command: list[str] | None = None) -> int:
-    """`command`: the user's arguments after `rltune train` (for the resume hint)."""
-    from ..engine.distributed import init_distributed, shutdown_distributed
+          quiet: bool = False, command: list[str] | None = None, overrides: Sequence[str] = ()) -> int:
+    """`command`: the user's arguments after `rltune train` (for the resume hint); `overrides`: the
+    key=value overrides applied to the recipe file (RUN_DIR/recipe.yaml records them for
+    `diagnose --patch`)."""
+    from ..engine.distributed import process_group
     from .rundir import RunLock, prepare
 
-    dist = init_distributed(recipe.trainer.device)
     run_dir = Path(recipe.trainer.output_dir)
     lock = RunLock(run_dir)
-    clean = False
-    try:
-        stale = _main_first(dist, lambda: (prepare(run_dir), lock.acquire())[1])
-        code = _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dist, run_dir, stale)
-        clean = True
-        return code
-    finally:
-        lock.release()
-        shutdown_distributed(clean)
+    with process_group(recipe.trainer.device) as dist:
+        try:
+            stale = _main_first(dist, lambda: (prepare(run_dir), lock.acquire())[1])
+            return _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, overrides, dist,
+                          run_dir, stale)
+        finally:
+            lock.release()
 
 
-def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dist, run_dir, stale) -> int:
+def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, overrides, dist, run_dir, stale) -> int:
     import torch
     import yaml
 
@@ -122,7 +122,6 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, dis
         setup_logging(run_dir, console, dist.is_main)  # train.log went with the old run
         LOG.warning("%s", moved)
     if dist.is_main:
-        overrides = rd.command_overrides(command)
         _write(run_dir / "recipe.yaml", f"# source: {Path(recipe_path).resolve()}\n"
                + (rd.OVERRIDES_TAG + shlex.join(overrides) + "\n" if overrides else "")
                + yaml.safe_dump(recipe_dict, sort_keys=False), hint)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import shlex
 import shutil
 import socket
@@ -372,18 +371,8 @@ def resume_hint(args: list[str] | None, recipe_path: Path) -> str:
     return shlex.join(["rltune", "train", *out, "--resume", "auto"])
 
 
-OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*=")
 OVERRIDES_TAG = "# overrides: "   # RUN_DIR/recipe.yaml's second line when the run had key=value overrides
 
 
-def command_overrides(args: list[str] | None) -> list[str]:
-    """The `key=value` overrides of the user's `rltune train` command (args as resume_hint takes
-    them): what the run directory records beside its recipe file."""
-    if args is None:
-        env = os.environ.get(COMMAND_ENV)
-        args = json.loads(env) if env else []
-    return [a for a in args[1:] if OVERRIDE_RE.match(a)]
-
-
 __all__ = ["RunLock", "prepare", "holds_run", "move_aside", "move_checkpoints_after", "storage_problem",
-           "storage_message", "checkpoint_estimate", "resume_hint", "command_overrides", "check_path", "fmt_bytes", "tree_size"]
+           "storage_message", "checkpoint_estimate", "resume_hint", "check_path", "fmt_bytes", "tree_size"]
