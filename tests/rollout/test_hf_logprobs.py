@@ -23,8 +23,7 @@ def setup():
 
 def _teacher_forced(engine, exp, temperature):
     """log_softmax(logits / T) of the sampled tokens from one forward over prompt + response,
-    attending every generated token as `generate` did (a pad token sampled mid-response is
-    masked out of `response_mask`, yet the later steps saw it)."""
+    attending every generated token as `generate` did."""
     input_ids = torch.cat([exp.prompt_ids, exp.response_ids], dim=1)
     attention = torch.cat([exp.prompt_mask, torch.ones_like(exp.response_ids)], dim=1)
     position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)
@@ -73,6 +72,35 @@ def test_rows_finishing_early_are_masked_to_zero(setup):
     lengths = exp.response_mask.sum(1)
     assert (lengths < exp.response_ids.shape[1]).any(), "no row finished early: the test lost its point"
     _check(engine, exp, 1.0)
+
+
+@pytest.mark.parametrize("ids,eos,pad,want", [
+    ([5, 0, 7, 2, 0, 0], {2}, 0, [1, 1, 1, 1, 0, 0]),   # a pad sampled mid-response is a token; EOS ends it
+    ([5, 0, 7, 0, 0, 0], {2}, 0, [1, 1, 1, 0, 0, 0]),   # stopped without EOS (a stop string): the pad suffix
+    ([0, 0, 0], {2}, 0, [0, 0, 0]),
+    ([5, 2, 9], {2}, 2, [1, 1, 0]),                     # pad == EOS: the first one ends the response
+    ([5, 0, 7], {2}, None, [1, 1, 1]),                  # no pad id (vLLM: lengths are known)
+])
+def test_response_mask_masks_padding_only_as_a_suffix(ids, eos, pad, want):
+    from rltune.rollout.base import response_mask_from_ids
+
+    assert response_mask_from_ids(torch.tensor([ids]), eos, pad).tolist() == [want]
+
+
+def test_a_pad_token_sampled_mid_response_is_trained_as_sampled(setup):
+    """The trainer's forward (Experience.model_inputs: attention and positions from the masks)
+    gives the rollout's log-probs on every kept token, also after a pad token the engine sampled
+    mid-response (near-uniform sampling over the tiny vocabulary draws it often)."""
+    from rltune.train.update import forward_logp
+
+    engine, prompts = setup
+    torch.manual_seed(0)
+    exp = engine.generate(prompts, Sampling(n=8, temperature=20.0, max_new_tokens=8))
+    kept = exp.response_mask.bool()
+    mid_pad = kept & (exp.response_ids == engine.pad_id)
+    assert mid_pad.any(), "no pad token sampled mid-response: the test lost its point"
+    trainer = forward_logp(engine.model, exp, 20.0, 4)
+    torch.testing.assert_close(trainer[kept], exp.rollout_logp[kept], rtol=0, atol=1e-4)
 
 
 def test_logits_are_not_requested_from_generate():

@@ -62,7 +62,7 @@ def test_hf_samples_follow_the_recipe_not_the_checkpoint(tmp_path, temperature, 
     assert float(freq[5:].sum()) == pytest.approx(float(want[5:].sum()), abs=0.05)
     # reported log-probs: the untruncated softmax(logits / T) of the sampled token
     full = torch.log_softmax(engine.model(torch.tensor([prompt])).logits[0, -1].double() / temperature, -1)
-    kept = exp.response_mask[:, 0].bool()            # a sampled pad token is masked (log-prob 0)
+    kept = exp.response_mask[:, 0].bool()            # a pad token sampled last is padding (log-prob 0)
     torch.testing.assert_close(exp.rollout_logp[kept, 0].double(), full[first[kept]], rtol=0, atol=1e-5)
 
 

@@ -50,7 +50,12 @@ class RolloutEngine(Protocol):
 
 
 def response_mask_from_ids(response_ids, eos_ids: set[int], pad_id: int | None):
-    """(B, T) float mask: 1 up to and including the first EOS; 0 after it and on padding."""
+    """(B, T) float mask: 1 up to and including the first EOS; 0 after it and on the padding
+    that ends a row (a row stopped by a stop string, or shorter than the longest). Padding is
+    only ever a suffix: a pad token sampled mid-response is a token the later steps attended to,
+    so it stays in (masking it would also shift the positions the trainer's forward numbers
+    from the mask). A pad token sampled last cannot be told from padding: it is dropped, which
+    changes no other token's log-prob."""
     import torch
 
     is_eos = torch.zeros_like(response_ids, dtype=torch.bool)
@@ -60,5 +65,6 @@ def response_mask_from_ids(response_ids, eos_ids: set[int], pad_id: int | None):
     after_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
     mask = ~after_eos
     if pad_id is not None and pad_id not in eos_ids:
-        mask &= response_ids != pad_id
+        # positions with a non-pad token at or after them: all but the trailing run of padding
+        mask &= (response_ids != pad_id).long().flip(1).cumsum(dim=1).flip(1) > 0
     return mask.float()
