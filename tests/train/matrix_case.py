@@ -3,9 +3,12 @@
     python tests/train/matrix_case.py CASE_JSON OUT_DIR                 # one rank
     python -m torch.distributed.run --nproc_per_node 2 tests/train/matrix_case.py CASE_JSON OUT_DIR
 
-Every rank builds the same global experience (tiny Llama, sampling on, seeded), keeps its share
-(the rows a 1-rank run would put in the same updates), then runs the trainer's own steps 3-8
-(`loop.learn`) on real DeepSpeed engines and measures what must hold:
+Every rank builds the same global experience through the trainer's own steps 1-2
+(`sampling.sample_step`: the real prompt sampler with a one-rank view, the real hf engine with the
+case's top-p, stop strings, dynamic sampling, overlong penalty and truncation mask; tiny Llama,
+seeded), keeps its share (the rows a 1-rank run would put in the same updates), then runs the
+trainer's own steps 3-8 (`loop.learn`) on real DeepSpeed engines (with the case's LoRA adapter,
+ratio level and policy loss) and measures what must hold:
 
 - ratio 1: the first update's forwards reproduce pi_behaviour (`first_dev`); later updates of
   the step move away from it (`later_dev`) and clipping engages (`later_clipfrac`);
@@ -28,43 +31,86 @@ import torch
 MICRO, PER_UPDATE, GROUP, NEW_TOKENS = 2, 8, 4, 6
 
 
+# the factors a case may leave out take these values (the matrix before they were factors)
+DEFAULTS = {"filter": False, "lora": "none", "ratio_level": "token", "policy_loss": "ppo",
+            "mask_truncated": False, "overlong": False, "top_p": 1.0}
+LORA = {"d0": {"r": 8, "alpha": 16, "dropout": 0.0}, "d05": {"r": 8, "alpha": 16, "dropout": 0.05}}
+
+
 def recipe_for(case: dict):
     from rltune.recipe.schema import Recipe
 
+    case = {**DEFAULTS, **case}
+    model = {"policy": "builtin:tiny-llama", "attn_implementation": "eager"}
+    if case["lora"] != "none":
+        model["lora"] = LORA[case["lora"]]
+    algorithm = {"name": case["algo"], "group_size": GROUP, "loss_agg": case["agg"], "clip_range": 0.2,
+                 "ratio_level": case["ratio_level"], "policy_loss": case["policy_loss"],
+                 "kl": {"coef": 0.05, "mode": case["kl_mode"], "estimator": case["estimator"]},
+                 "rollout_correction": {"mode": case["correction"], "cap": 2.0}}
+    if case["ratio_level"] != "token":  # GSPO's clip range: a sequence's mean log-ratio is small (arXiv:2507.18071)
+        algorithm.update(clip_range=3e-4, clip_range_high=4e-4)
+    if case["filter"]:
+        algorithm["filter_groups"] = {"metric": "reward", "max_gen_calls": 8 * case["updates"]}
+    rollout = {"engine": "hf", "batch_size": PER_UPDATE, "max_new_tokens": NEW_TOKENS, "temperature": 1.0,
+               "top_p": case["top_p"], "top_k": 20 if case["top_p"] < 1 else 0}
+    if case["mask_truncated"]:
+        # a random tiny model almost never samples EOS: digits as stop strings end about half the rows early,
+        # so the mask drops some rows and keeps others
+        rollout.update(mask_truncated=True, stop=list("0123456789"))
     return Recipe.model_validate({
-        "model": {"policy": "builtin:tiny-llama", "attn_implementation": "eager"},
-        "data": {"train": "builtin:arithmetic"},
-        "reward": {"functions": ["builtin:format"]},
-        "algorithm": {"name": case["algo"], "group_size": GROUP, "loss_agg": case["agg"], "clip_range": 0.2,
-                      "kl": {"coef": 0.05, "mode": case["kl_mode"], "estimator": case["estimator"]},
-                      "rollout_correction": {"mode": case["correction"], "cap": 2.0}},
+        "model": model,
+        "data": {"train": "builtin:arithmetic", "apply_chat_template": False},
+        "reward": {"functions": ["builtin:format"],
+                   **({"overlong": {"buffer": 3, "penalty": 1.0}} if case["overlong"] else {})},
+        "algorithm": algorithm,
         # eps 1e-2: Adam stays linear in the gradient, so float-rounding differences stay float-sized
         "actor": {"lr": 5e-3, "eps": 1e-2, "warmup_steps": 0, "zero_stage": case["zero"], "grad_clip": 1.0},
         "critic": {"lr": 1e-2, "eps": 1e-2, "warmup_steps": 0, "zero_stage": case["zero"], "grad_clip": 1.0},
-        "rollout": {"engine": "hf", "batch_size": PER_UPDATE, "max_new_tokens": NEW_TOKENS, "temperature": 1.0},
+        "rollout": rollout,
         "train": {"batch_size": PER_UPDATE, "micro_batch_size": MICRO, "ppo_epochs": case["epochs"],
                   "updates_per_step": case["updates"]},
         "trainer": {"precision": case["precision"], "seed": 0, "device": "cpu"},
     })
 
 
+def scripted_rewards(prompts, completions, columns, conversations=None, training=True):
+    """Seeded scores that a wrong split would scramble: prompts of even `a` score alike across their
+    group (no signal: dynamic sampling drops them), the others by a hash of the completion."""
+    import zlib
+
+    from rltune.reward import RewardResult
+
+    scores = [0.5 if int(p.split("+")[0]) % 2 == 0 else (zlib.crc32(c.encode()) % 1000) / 1000.0
+              for p, c in zip(prompts, completions)]
+    return RewardResult(scores, {"scripted": scores})
+
+
 def global_experience(recipe, updates: int):
-    """updates x PER_UPDATE sequences (GROUP samples per prompt), identical on every rank."""
+    """updates x PER_UPDATE sequences (GROUP samples per prompt), identical on every rank: the
+    trainer's steps 1-2 with a one-rank view of the prompts (a 2-rank run then splits them)."""
+    from types import SimpleNamespace
+
+    from rltune.data.sampler import PromptSampler
     from rltune.models.loading import load_causal_lm, load_tokenizer
-    from rltune.rollout.base import Sampling
     from rltune.rollout.hf import HFRollout
+    from rltune.train.sampling import sample_step
 
     tok = load_tokenizer("builtin:tiny-llama")
     engine = HFRollout(load_causal_lm("builtin:tiny-llama", "fp32", "eager", "cpu"), tok)
+    rows = [{"prompt": f"{a}+{a + 1}=", "answer": str(2 * a + 1)} for a in range(200)]
+    c = SimpleNamespace(recipe=recipe, tokenizer=tok, rollout=engine, rewards=scripted_rewards,
+                        train_set=SimpleNamespace(rows=rows, prompt_key="prompt"), dist=SimpleNamespace(is_main=False),
+                        sampler=PromptSampler(len(rows), recipe.prompts_per_call, 0, shuffle=False))
     torch.manual_seed(1234)
-    prompts = [tok(f"{a}+{a + 1}=", add_special_tokens=False)["input_ids"] for a in range(updates * PER_UPDATE // GROUP)]
-    exp = engine.generate(prompts, Sampling(n=GROUP, temperature=1.0, max_new_tokens=NEW_TOKENS))
+    drawn = sample_step(c)
+    exp = drawn.batch.exp
+    assert exp.size == updates * PER_UPDATE, exp.size
     g = torch.Generator().manual_seed(99)
-    exp.scores = torch.randn(exp.size, generator=g)                              # (B,) seeded rewards
     # the rollout engine's log-probs with a mismatch, so that the correction has work to do
     noise = 0.3 * torch.randn(exp.response_mask.shape, generator=g)
     exp.rollout_logp = (exp.rollout_logp + noise) * exp.response_mask
-    return exp
+    return exp, drawn.metrics
 
 
 def rank_rows(total: int, updates: int, rank: int, world: int) -> torch.Tensor:
@@ -87,6 +133,15 @@ class LossRecorder:
         dev = float((logp.detach() - old).abs()[mask].max()) if mask.any() else 0.0
         self.calls.append((dev, float(stats["clipfrac"])))
         return loss, stats
+
+
+def fresh_actor(recipe, total: int):
+    """An actor at the behaviour weights: a LoRA adapter's random init is seeded, so every actor
+    built here (and each run's, 1 rank or 2) starts from the same adapter."""
+    from rltune.engine.roles import build_actor
+
+    torch.manual_seed(4321)
+    return build_actor(recipe, "cpu", total)
 
 
 def global_loss(loss_fn, exp, agg) -> float:
@@ -113,17 +168,21 @@ def main() -> int:
     # the tiny model saves too little for the shared-prompt passes to pay off: force them, so the
     # matrix (2 ranks, every ZeRO stage, the critic) runs them
     shared_prompt.MIN_SAVED_FLOP = 0.0
+    from rltune.models.lora import AdapterDisabledReference, adapter_reference_ok
     from rltune.train.setup import Components, resolve_correction
 
     dist = init_distributed("cpu")
     torch.manual_seed(0)
     r = recipe_for(case)
     U = r.train.updates_per_step
-    full = global_experience(r, U)
+    full, sampled = global_experience(r, U)
     exp = full.select(rank_rows(full.size, U, dist.rank, dist.world_size))
     total = 10 * r.optimizer_updates_per_step
-    c = Components(r, dist, None, None, None, None, None, build_actor(r, "cpu", total),
-                   build_critic(r, "cpu", total) if r.has_critic else None, build_reference(r, "cpu"), None,
+    actor = fresh_actor(r, total)
+    # the reference as setup builds it: the actor with its adapter disabled under LoRA
+    reference = AdapterDisabledReference(actor) if adapter_reference_ok(r) else build_reference(r, "cpu")
+    c = Components(r, dist, None, None, None, None, None, actor,
+                   build_critic(r, "cpu", total) if r.has_critic else None, reference, None,
                    make_kl_controller(0.05, None, 10000), resolve_correction(r, "hf"))
     knobs = Knobs.from_recipe(r)
     # no shuffling: the ranks' update u must hold the rows of the 1-rank update u
@@ -143,18 +202,27 @@ def main() -> int:
     # of a few ulps would pick the sign of its gradient. Shift the fixed batch's reference off it.
     if exp.ref_logp is not None:
         exp.ref_logp = exp.ref_logp - 0.1 * exp.response_mask
-    actors = [build_actor(r, "cpu", total), build_actor(r, "cpu", total)]
+    actors = [fresh_actor(r, total), fresh_actor(r, total)]
     fn = [update.make_actor_loss(a, r, knobs, c.correction) for a in actors]
     init = {n: t.float().clone() for n, t in iter_full_params(actors[0])}
     # pi_behaviour is the actor's own forward at the weights that sampled, not the engine's numbers
     own = update.forward_logp(actors[0].module, exp, r.logprob_temperature, MICRO)
     behavior_err = float((own - exp.behavior_logp).abs().max())
     rollout_err = float((exp.rollout_logp - exp.behavior_logp).abs().max())
-    before = global_loss(fn[0], exp, r.algorithm.loss_agg)
+    objective = fn[0]
+    if r.algorithm.ratio_level == "sequence-token" and r.algorithm.policy_loss == "ppo":
+        # GSPO-token's surrogate has the value s_i * A_t but the gradient s_i * A_t * grad log pi_t: where
+        # advantages vary along a sequence (GAE, KL in the reward) its step climbs the token-level
+        # objective, not its own value. At s_i = 1 (the first update) the two gradients are equal. (CISPO's
+        # loss, sg(weight) * A * log pi, is its own objective at every ratio level.)
+        tok = r.model_copy(update={"algorithm": r.algorithm.model_copy(
+            update={"ratio_level": "token", "clip_range": 0.2, "clip_range_high": None})})
+        objective = update.make_actor_loss(actors[0], tok, Knobs.from_recipe(tok), c.correction)
+    before = global_loss(objective, exp, r.algorithm.loss_agg)
     res_one = update.run_update(actors[0], [exp], fn[0], r.algorithm.loss_agg)
     res_many = update.run_update(actors[1], [exp.select(torch.tensor([i])) for i in range(exp.size)], fn[1],
                                  r.algorithm.loss_agg)
-    after = global_loss(fn[0], exp, r.algorithm.loss_agg)
+    after = global_loss(objective, exp, r.algorithm.loss_agg)
     p_one, p_many = dict(iter_full_params(actors[0])), dict(iter_full_params(actors[1]))
     accum_diff = max(float((p_one[n].float() - p_many[n].float()).abs().max()) for n in p_one)
     moved = max(float((p_one[n].float() - init[n]).abs().max()) for n in p_one)
@@ -173,6 +241,8 @@ def main() -> int:
             "loss_one": res_one.loss, "loss_many": res_many.loss,
             "accum_diff": accum_diff, "moved": moved,
             "behavior_err": behavior_err, "rollout_err": rollout_err,
+            "trained_rows": int((exp.response_mask.sum(-1) > 0).sum()), "rows": exp.size,
+            "sampled": sampled,
             "finite": all(math.isfinite(float(t.sum())) for t in params.values()),
         }
         (out / "result.json").write_text(json.dumps(result))

@@ -32,6 +32,16 @@ FACTORS = {
     "ranks": [1, 2],
     "epochs": [1, 2],
     "updates": [1, 2],
+    # the features that entered beside the matrix: steps 1-2 (dynamic sampling, the truncation mask, the
+    # overlong penalty, top-p/top-k sampling) and the update's variants (LoRA with and without adapter
+    # dropout, GSPO's sequence ratio, CISPO)
+    "filter": [False, True],
+    "lora": ["none", "d0", "d05"],
+    "ratio_level": ["token", "sequence", "sequence-token"],
+    "policy_loss": ["ppo", "cispo"],
+    "mask_truncated": [False, True],
+    "overlong": [False, True],
+    "top_p": [1.0, 0.9],
 }
 
 
@@ -63,8 +73,12 @@ DEFAULT_CASES = {0, 1, 2, 3, 7, 12}
 
 
 def case_id(c: dict) -> str:
+    extra = "".join([("-filter" if c["filter"] else ""), ("" if c["lora"] == "none" else f"-lora{c['lora']}"),
+                     ("" if c["ratio_level"] == "token" else f"-{c['ratio_level']}"),
+                     ("-cispo" if c["policy_loss"] == "cispo" else ""), ("-masktrunc" if c["mask_truncated"] else ""),
+                     ("-overlong" if c["overlong"] else ""), ("" if c["top_p"] == 1.0 else f"-topp{c['top_p']}")])
     return (f"{c['algo']}-{c['kl_mode']}-{c['estimator']}-{c['agg']}-{c['correction']}-{c['precision']}"
-            f"-z{c['zero']}-r{c['ranks']}-e{c['epochs']}-u{c['updates']}")
+            f"-z{c['zero']}-r{c['ranks']}-e{c['epochs']}-u{c['updates']}{extra}")
 
 
 def _run(case: dict, ranks: int, out: Path) -> dict:

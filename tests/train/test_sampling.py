@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rltune.data.sampler import PromptSampler
 from rltune.recipe.schema import Recipe
 from rltune.reward import RewardResult
 from rltune.rollout.experience import Experience
@@ -78,17 +79,7 @@ def rewards(prompts, completions, columns, conversations=None, training=True):
     return RewardResult(scores, {"builtin:exact_answer": scores})
 
 
-class Sampler:
-    def __init__(self, per_call: int):
-        self.per_call, self.i = per_call, 0
-
-    def next_batch(self):
-        out = list(range(self.i, self.i + self.per_call))
-        self.i += self.per_call
-        return out
-
-
-def components(overrides: dict, rollout=None, rows=None):
+def components(overrides: dict, rollout=None, rows=None, rank: int = 0, world: int = 1):
     data = {"model": {"policy": "builtin:tiny-llama"}, "data": {"train": "builtin:arithmetic",
             "apply_chat_template": False},
             "reward": {"functions": ["builtin:exact_answer"]},
@@ -104,7 +95,10 @@ def components(overrides: dict, rollout=None, rows=None):
     rows = rows or [{"prompt": str(i % 10), "signal": i % 2 == 0} for i in range(400)]
     return SimpleNamespace(
         recipe=recipe, tokenizer=Tok(), train_set=SimpleNamespace(rows=rows, prompt_key="prompt"),
-        sampler=Sampler(recipe.prompts_per_call), rollout=rollout or ScriptedRollout(6),
+        # the trainer's own sampler (in order): each rank takes its share of every generation call
+        sampler=PromptSampler(len(rows), max(1, recipe.prompts_per_call // world), 0, shuffle=False,
+                              drop_last=False, rank=rank, world_size=world),
+        rollout=rollout or ScriptedRollout(6),
         rewards=rewards, dist=SimpleNamespace(is_main=True))
 
 
@@ -202,28 +196,54 @@ def test_a_masked_out_response_weighs_nothing_in_the_accumulated_loss(agg):
     assert float(acc) == pytest.approx(float(aggregate(x[keep], m[keep], agg, 3)))
 
 
-# ---- two ranks: every rank generates as long as the worst one is short
+# ---- several ranks: each rank fills its own share, every rank generates as long as the worst one is short
 
-def _two_rank_worker(rank, world, port, out_dir):
+def test_each_rank_fills_only_its_share_of_the_step():
+    # 8 ranks, `preset: [8-gpu, dapo]`: a step is 4 calls x 64 sequences = 256 over all ranks, 32 per
+    # rank; with every group informative one round of the step's 4 calls fills it (the old count,
+    # need = all ranks' groups, made each rank generate 24 calls and train on 192 sequences)
+    from rltune.recipe.loader import load_recipe_text
+
+    recipe = load_recipe_text("preset: [8-gpu, dapo]\nmodel: {policy: builtin:tiny-llama}\n"
+                              "data: {train: builtin:arithmetic, apply_chat_template: false}\n"
+                              "reward: {functions: [builtin:exact_answer]}\n").recipe
+    assert recipe.gen_calls_per_step == 4 and recipe.algorithm.filter_groups.max_gen_calls == 24
+    G, world = recipe.algorithm.group_size, 8
+    rows = [{"prompt": str(i % 10), "signal": True} for i in range(400)]
+    c = components({}, rows=rows, rank=3, world=world)
+    c.recipe = recipe
+    c.sampler = PromptSampler(len(rows), recipe.prompts_per_call // world, 0, shuffle=False, drop_last=False,
+                              rank=3, world_size=world)               # as setup builds it: 2 prompts per call
+    c.rollout = ScriptedRollout(recipe.rollout.max_new_tokens)
+    out = sample_step(c)
+    assert c.rollout.calls == [4 * 64 // G // world]      # prompts of this rank's one round: 4 calls' share
+    assert out.batch.exp.size == 256 // world
+    assert out.metrics["rollout/gen_calls"] == 4
+
+
+def _two_rank_worker(rank, world, port, out_dir, all_signal):
     import json
 
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        # rank 0's prompts all carry signal (its batch is full after one round); rank 1's half
-        rows = [{"prompt": str(i % 10), "signal": rank == 0 or i % 2 == 0} for i in range(400)]
-        c = components({"algorithm.filter_groups": {"metric": "reward", "max_gen_calls": 8}}, rows=rows)
+        # the sampler splits every call's prompts: rank 0 draws rows 0-1, rank 1 rows 2-3, then 4-5 / 6-7, ...
+        # with all_signal False, rank 0's prompts all carry signal, rank 1's half of them
+        rows = [{"prompt": str(i % 10), "signal": all_signal or (i // 2) % 2 == 0 or i % 2 == 0}
+                for i in range(400)]
+        c = components({"algorithm.filter_groups": {"metric": "reward", "max_gen_calls": 8}}, rows=rows,
+                       rank=rank, world=world)
         c.dist = SimpleNamespace(is_main=rank == 0)
         out = sample_step(c)
         (out_dir / f"rank{rank}.json").write_text(json.dumps(
             {"calls": c.rollout.calls, "size": out.batch.exp.size, "signal": group_signal(out.batch),
-             "metrics": out.metrics}))
+             "prompts": out.batch.prompts[::G], "metrics": out.metrics}))
     finally:
         dist.destroy_process_group()
 
 
-def test_dynamic_sampling_on_two_ranks_runs_the_same_rounds_and_sums_the_counts(tmp_path):
+def _two_ranks(tmp_path, all_signal: bool):
     import json
     import socket
 
@@ -232,17 +252,59 @@ def test_dynamic_sampling_on_two_ranks_runs_the_same_rounds_and_sums_the_counts(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_two_rank_worker, args=(2, port, tmp_path), nprocs=2, join=True)
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
-    # rank 1 needs 8 calls (as in the one-rank test); rank 0, full after its first round, generates
-    # alongside it (a rank that stopped would leave the other waiting in the collectives)
-    assert r0["calls"] == r1["calls"] == [16, 8, 4, 4]
-    assert r0["size"] == r1["size"] == 64 and all(r0["signal"]) and all(r1["signal"])
+    mp.spawn(_two_rank_worker, args=(2, port, tmp_path, all_signal), nprocs=2, join=True)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_dynamic_sampling_on_two_ranks_with_every_group_informative_is_one_round(tmp_path):
+    # the step is 64 sequences over both ranks: 32 per rank, 4 calls of 2 prompts each, one round
+    r0, r1 = _two_ranks(tmp_path, all_signal=True)
+    assert r0["calls"] == r1["calls"] == [8]
+    assert r0["size"] == r1["size"] == 32
+    assert r0["metrics"]["rollout/gen_calls"] == 4
+    assert r0["metrics"]["rollout/groups_kept"] == 16 and r0["metrics"]["rollout/groups_surplus"] == 0
+
+
+def test_dynamic_sampling_on_two_ranks_runs_the_same_rounds_and_sums_the_counts(tmp_path):
+    r0, r1 = _two_ranks(tmp_path, all_signal=False)
+    # rank 1 (half its groups with signal) needs 8 groups: 4 calls (4 kept), 2 (2), 1 (1), 1 (1); rank 0,
+    # full after its first round, generates alongside it (a rank that stopped would leave the other
+    # waiting in the collectives)
+    assert r0["calls"] == r1["calls"] == [8, 4, 2, 2]
+    assert r0["size"] == r1["size"] == 32 and all(r0["signal"]) and all(r1["signal"])
     m, m1 = r0["metrics"], r1["metrics"]
     assert m.pop("timing/extra_gen_s") >= 0 and m1.pop("timing/extra_gen_s") >= 0   # each rank's own clock
     assert m == m1                                        # global counts, the same on every rank
     assert m["rollout/gen_calls"] == 8
-    # generated 32 + 32 groups; dropped 0 + 16; kept 16 + 16; surplus 16 (rank 0's later rounds) + 0
+    # generated 16 + 16 groups; dropped 0 + 8; kept 8 + 8; surplus 8 (rank 0's later rounds) + 0
     assert (m["rollout/groups_generated"], m["rollout/groups_kept"], m["rollout/groups_dropped"],
-            m["rollout/groups_topped_up"], m["rollout/groups_surplus"]) == (64, 32, 16, 0, 16)
+            m["rollout/groups_topped_up"], m["rollout/groups_surplus"]) == (32, 16, 8, 0, 8)
     assert m["rollout/zero_std_frac"] == 0.25
+
+
+# ---- the reward sees exactly the trained tokens
+
+def test_a_pad_sampled_mid_answer_is_shown_to_the_reward_and_never_scores_higher():
+    # three responses to "5+7=": "12</s>", "1<pad>2</s>" and "<pad><pad>12</s>", then trailing padding. The
+    # mask keeps a pad sampled mid-response (it is trained), so the reward must see it: a model that
+    # pads inside its answer cannot score higher than one that does not (the old decode dropped every
+    # pad id, so "1<pad>2" read as "12" and the pads were free)
+    from rltune.models.loading import load_tokenizer
+    from rltune.reward.builtins import exact_answer, format
+    from rltune.rollout.base import response_mask_from_ids as response_mask
+    from rltune.train.sampling import decode
+
+    tok = load_tokenizer("builtin:tiny-llama")
+    pad, eos = tok.pad_token_id, tok.eos_token_id
+    one, two = tok.encode("1", add_special_tokens=False)[-1], tok.encode("2", add_special_tokens=False)[-1]
+    rows = [[one, two, eos, pad, pad, pad], [one, pad, two, eos, pad, pad], [pad, pad, one, two, eos, pad]]
+    ids = torch.tensor(rows)
+    mask = response_mask(ids, {eos}, pad)
+    assert mask.sum(-1).tolist() == [3.0, 4.0, 5.0]                     # the sampled pads are trained tokens
+    exp = Experience(torch.ones((3, 1), dtype=torch.long), torch.ones((3, 1), dtype=torch.long), ids, mask)
+    texts = decode(tok, exp, SimpleNamespace(eos_ids={eos}, pad_id=pad))
+    assert texts[0] == "12" and tok.pad_token in texts[1] and texts[2].count(tok.pad_token) == 2
+    answers = ["12"] * 3
+    total = [a + f for a, f in zip(exact_answer(None, texts, answers), format(None, texts))]
+    assert total[0] == 2.0
+    assert total[1] < total[0] and total[2] < total[0]

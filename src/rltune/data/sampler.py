@@ -46,6 +46,11 @@ class PromptSampler:
         self.cursor = 0
         self._order = self._permutation()
 
+    @property
+    def batch_size(self) -> int:
+        """Prompts one `next_batch` call hands this rank (its share of a generation call)."""
+        return self.bs
+
     def next_batch(self) -> list[int]:
         """The next `batch_size` indices for this rank."""
         global_bs = self.bs * self.world

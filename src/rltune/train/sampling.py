@@ -68,10 +68,15 @@ class StepBatch:
 
 
 def decode(tokenizer, exp: Experience, rollout) -> list[str]:
-    """Response texts as the reward sees them: EOS and padding dropped, every other token
-    kept, special ones too (a model must not hide text from the reward in tokens that a
-    `skip_special_tokens` decode would drop)."""
-    drop = set(rollout.eos_ids) | {rollout.pad_id}
+    """Response texts as the reward sees them: exactly the trained tokens (the response mask),
+    less the EOS that ends a response. Every other token is shown as its text, special ones
+    too: a model must not hide text from the reward in tokens that a `skip_special_tokens`
+    decode would drop. That includes a pad token the model sampled mid-response (the mask keeps
+    it: docs/training.md, "Which tokens count"): it is trained, so the reward sees it as the
+    tokenizer writes it (e.g. "<pad>"), never as nothing. A pad that was free to the reward and
+    trained anyway was a reward hole (sampled reward 0.99 while the greedy answer became empty).
+    Only the trailing padding, which is no token of the response, is outside the mask."""
+    drop = set(rollout.eos_ids)
     out = []
     for ids, mask in zip(exp.response_ids, exp.response_mask):
         kept = [i for i in ids[mask.bool()].tolist() if i not in drop]
@@ -134,7 +139,9 @@ def sample_step(c) -> StepBatch:
     scored; with filter_groups, only groups with signal, generating more as needed."""
     r = c.recipe
     G, fg = r.algorithm.group_size, r.algorithm.filter_groups
-    need = r.gen_calls_per_step * r.rollout.batch_size // G                   # groups on this rank
+    # counted on this rank: the sampler hands each rank its share (prompts_per_call / world size)
+    per_call = c.sampler.batch_size                                            # groups per call
+    need = r.gen_calls_per_step * per_call                                     # groups on this rank
     rounds: list[tuple[Scored, torch.Tensor]] = []                             # (scored, signal (N,))
     calls, calls_now, with_signal, extra_s = 0, r.gen_calls_per_step, 0, 0.0
     rollout_s = reward_s = 0.0
@@ -155,7 +162,7 @@ def sample_step(c) -> StepBatch:
         short = int(global_max([float(max(0, need - with_signal))])[0])        # groups, worst rank
         if short == 0 or calls >= fg.max_gen_calls:
             break
-        calls_now = min(math.ceil(short * G / r.rollout.batch_size), fg.max_gen_calls - calls)
+        calls_now = min(math.ceil(short / per_call), fg.max_gen_calls - calls)
 
     # the batch: groups with signal in generation order, topped up with others when short
     picked, topped = [], []
