@@ -157,3 +157,24 @@ def test_prompts_prefilled_once_per_group_sample_the_same(setup, greedy, monkeyp
     assert torch.equal(a.response_mask, b.response_mask)
     torch.testing.assert_close(a.rollout_logp, b.rollout_logp, rtol=0, atol=1e-5)
     _check(engine, a, 1.0 if greedy else 0.9)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_truncated_sampling_reports_the_full_distribution(setup, temperature):
+    """`top_p: 0.9, top_k: 20`: the engine samples from the truncated distribution, but
+    `rollout_logp` is the sampled token's log-prob under the full softmax(logits / T) -- what the
+    trainer's own forward (pi_old, pi_theta) gives -- on every kept token, not the renormalised
+    truncated one (which would be higher by -log(mass kept): checked to be far off here)."""
+    from rltune.train.update import forward_logp
+
+    engine, prompts = setup
+    torch.manual_seed(0)
+    exp = engine.generate(prompts, Sampling(n=4, temperature=temperature, top_p=0.9, top_k=20, max_new_tokens=12))
+    kept = exp.response_mask.bool()
+    trainer = forward_logp(engine.model, exp, temperature, 16)
+    torch.testing.assert_close(exp.rollout_logp[kept], trainer[kept], rtol=0, atol=1e-4)
+    with torch.no_grad():
+        logits = engine.model(**exp.model_inputs()).logits[:, exp.prompt_width - 1:-1].float() / temperature
+    top = logits.softmax(-1).topk(20, dim=-1).values
+    kept_mass = torch.where(top.cumsum(-1) - top < 0.9, top, torch.zeros_like(top)).sum(-1)
+    assert (kept_mass[kept] < 0.9).float().mean() > 0.5, "truncation kept (nearly) everything: the test lost its point"

@@ -215,3 +215,30 @@ def test_stop_strings(engine, actor, prompts):
     engine.sync_weights(actor)
     exp = engine.generate(prompts, Sampling(n=4, max_new_tokens=24, stop=("a", "e")))
     check_experience(exp, prompts, 4, engine.eos_ids, engine.pad_id)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_truncated_sampling_reports_the_full_distribution(engine, actor, prompts, temperature):
+    """With top-p / top-k the engine samples from the truncated distribution, but `rollout_logp`
+    is the sampled token's log-prob under the full softmax(logits / T), the distribution the
+    trainer's forwards compute (pi_old, pi_theta): on every kept token it equals the trainer's
+    own forward log-probs, so the rollout correction measures engine mismatch, not truncation."""
+    from rltune.train.update import forward_logp
+
+    assert engine.full_logprobs is True, engine.full_logprobs_why   # the sampler hook is in place
+    engine.sync_weights(actor)
+    s = Sampling(n=4, temperature=temperature, top_p=0.9, top_k=20, max_new_tokens=16)
+    exp = engine.generate(prompts, s)
+    check_experience(exp, prompts, 4, engine.eos_ids, engine.pad_id)
+    kept = exp.response_mask.bool()
+    trainer = forward_logp(actor, exp, temperature, 16)
+    diff = (exp.rollout_logp - trainer).abs()[kept]
+    assert diff.max() < 1e-3, (diff.mean(), diff.max())
+    # the truncation removed real mass on the sampled steps (else the test lost its point): the
+    # truncated, renormalised log-probs would be higher by -log(mass kept)
+    with torch.no_grad():
+        logits = actor(**exp.model_inputs()).logits[:, exp.prompt_width - 1:-1].float() / temperature
+    probs = logits.softmax(-1)
+    top = probs.topk(20, dim=-1).values
+    kept_mass = torch.where(top.cumsum(-1) - top < 0.9, top, torch.zeros_like(top)).sum(-1)
+    assert (kept_mass[kept] < 0.9).float().mean() > 0.5

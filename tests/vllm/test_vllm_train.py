@@ -40,6 +40,27 @@ def test_grpo_with_vllm_learns_and_stays_in_sync(tmp_path):
     assert "stale_weights" not in (events.read_text() if events.exists() else "")
 
 
+
+def test_truncated_sampling_keeps_the_correction_near_one(tmp_path):
+    """`top_p: 0.9, top_k: 20` with TIS: vLLM samples from the truncated distribution but reports
+    the sampled tokens' log-probs under the full one (what the trainer's forwards compute), so the
+    correction weights pi_old / pi_rollout sit at 1 from the first step (they were ~0.3: the
+    truncated, renormalised log-probs) and no stale-weight warning fires on a healthy run."""
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", rollout__engine="vllm", rollout__top_p=0.9,
+                       rollout__top_k=20, algorithm__rollout_correction={"mode": "tis"},
+                       trainer__max_steps=2, trainer__eval_every=0)
+    res = run_cli("train", path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "rollout engine vllm" in res.stderr and "top_p 0.9, top_k 20" in res.stderr
+    metrics = read_metrics(tmp_path / "run")
+    assert abs(metrics[0]["rollout/is_weight_mean"] - 1.0) < 0.02, metrics[0]
+    assert all(m["rollout/logprob_diff_mean"] < 0.02 for m in metrics), metrics
+    assert all(abs(m["rollout/is_weight_mean"] - 1.0) < 0.05 for m in metrics), metrics
+    assert "Stale rollout weights" not in res.stderr
+    events = tmp_path / "run" / "events.jsonl"
+    assert "stale_weights" not in (events.read_text() if events.exists() else "")
+
+
 def test_skipped_sync_trips_the_stale_weight_guard(tmp_path):
     import os
 

@@ -1,8 +1,8 @@
 """Rollout/trainer mismatch correction: importance weights pi_behaviour / pi_rollout per token.
 
 The rollout engine samples with its own kernels (vLLM: other matmul order, fused ops, maybe
-another precision; with top-p/top-k its log-probs are those of the truncated, renormalised
-distribution), so the tokens come from pi_rollout, not from the trainer's pi_behaviour (the
+another precision; both engines report log-probs of the full distribution, before top-k/top-p,
+like the trainer: docs/training.md), so the tokens come from pi_rollout, not from the trainer's pi_behaviour (the
 actor's own log-probs under the same weights). The policy-gradient estimate is then off-policy
 by the ratio w_t = pi_behaviour(y_t) / pi_rollout(y_t). Following truncated importance sampling
 (TIS; Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL

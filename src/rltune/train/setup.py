@@ -47,8 +47,8 @@ class Components:
 
 
 def resolve_correction(recipe: Recipe, engine_name: str) -> str:
-    """`auto` corrects the mismatch where there is one to correct: vLLM's kernels (and its
-    truncated top-p/top-k log-probs) differ from the trainer's; the hf engine runs the trainer's
+    """`auto` corrects the mismatch where there is one to correct: vLLM's kernels differ from
+    the trainer's; the hf engine runs the trainer's
     own model code, so its log-probs match pi_behaviour to rounding."""
     mode = recipe.algorithm.rollout_correction.mode
     if mode != "auto":
