@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from .collective import barrier
+from .manifest import verify  # noqa: F401  (checkpoint.verify: the received-data checks live there)
 
 CKPT_DIR = "checkpoints"
 PREFIX = "step-"
@@ -154,30 +155,6 @@ def _prune(root: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def verify(path: Path) -> str | None:
-    """None when the checkpoint (or final/) is complete and intact, else what is wrong."""
-    manifest = path / "manifest.json"
-    if not path.exists():
-        return "it does not exist"
-    if not path.is_dir():
-        return "it is a file, not a checkpoint directory"
-    if not manifest.exists():
-        return "no manifest.json (written last: the save did not finish)"
-    try:
-        info = json.loads(manifest.read_text())
-    except json.JSONDecodeError as err:
-        return f"manifest.json unreadable: {err}"
-    for rel, meta in info.get("files", {}).items():
-        p = path / rel
-        if not p.exists():
-            return f"{rel} is missing"
-        if p.stat().st_size != meta["size"]:
-            return f"{rel} has {p.stat().st_size} bytes, expected {meta['size']} (truncated)"
-        if _sha256(p) != meta["sha256"]:
-            return f"{rel} checksum mismatch"
-    return None
-
-
 def checkpoints(run_dir: Path) -> list[Path]:
     """RUN_DIR/checkpoints/step-N directories, oldest first (complete or not)."""
     return sorted(p for p in (run_dir / CKPT_DIR).glob(f"{PREFIX}*") if p.is_dir() and not p.name.endswith(".old"))
@@ -191,6 +168,21 @@ def find_resumable(run_dir: Path, log) -> Path | None:
             return path
         log.warning("checkpoint %s is not usable: %s; trying the previous one", path, problem)
     return None
+
+
+def load_tensors_only(path, map_location=None):
+    """torch.load with `weights_only=True`; a file that needs more (pickled code) is refused
+    with its name, never with torch's hint to pass `weights_only=False`."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # noqa: BLE001
+        from ..errors import UserError
+
+        first = next((ln for ln in str(err).splitlines() if ln.strip() and "weights_only" not in ln
+                      and "probably" not in ln.lower()), type(err).__name__)
+        raise UserError(f"checkpoint file {path} holds more than tensors and plain data; refused to unpickle it "
+                        f"(it could run code): {first.strip()[:200]}\n  fix: resume from a checkpoint you wrote "
+                        "yourself, or start fresh with --resume never") from err
 
 
 class _WeightsOnlyLoads:
@@ -212,14 +204,8 @@ class _WeightsOnlyLoads:
             getattr(loss_scaler, n) for n in ("LossScaler", "DynamicLossScaler") if hasattr(loss_scaler, n)]
 
         def safe_load(engine_self, path, map_location=None):
-            try:
-                with torch.serialization.safe_globals(allowed):
-                    return torch.load(path, map_location=map_location, weights_only=True)
-            except Exception as err:  # noqa: BLE001
-                from ..errors import UserError
-
-                raise UserError(f"checkpoint file {path} holds more than tensors and plain data "
-                                f"(refused to unpickle it: {str(err).splitlines()[0][:200]})") from err
+            with torch.serialization.safe_globals(allowed):
+                return load_tensors_only(path, map_location)
 
         self.cls.load = safe_load
         self.allowed = allowed
@@ -242,7 +228,14 @@ def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
                     _check_trainable_loaded(path / name, engine, loads.allowed)
     rng_file = path / f"rng-rank{rank}.pt"
     if rng_file.exists():
-        set_rng_state(torch.load(rng_file, weights_only=True), gen)
+        try:
+            set_rng_state(load_tensors_only(rng_file), gen)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as err:
+            from ..errors import UserError
+
+            raise UserError(f"checkpoint file {rng_file} is not an rltune RNG state ({type(err).__name__}: "
+                            f"{str(err)[:120]})\n  fix: resume from another checkpoint, or start fresh with "
+                            "--resume never") from err
     return json.loads((path / "state.json").read_text())
 
 
