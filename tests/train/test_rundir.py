@@ -222,6 +222,25 @@ def test_lock_unit(tmp_path):
         RunLock(tmp_path).acquire()
 
 
+def test_a_lock_naming_a_live_process_that_is_no_rltune_run_is_taken_over(tmp_path):
+    # a received run directory's .lock naming pid 1 (alive, not rltune) used to advise `kill -INT 1`;
+    # no run holds the flock, so the lock is stale: taken over with a warning that says why
+    from rltune.train.rundir import RunLock
+
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        for pid in (sleeper.pid,):   # (pid 1 in the report; its command line here is not ours to know)
+            (tmp_path / ".lock").write_text(json.dumps({"pid": pid, "host": os.uname().nodename}))
+            lock = RunLock(tmp_path)
+            warning = lock.acquire()
+            assert f"names pid {pid}, which is not an rltune run" in warning, warning
+            assert "kill" not in warning
+            lock.release()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 # ------------------------------------------------------------------ final/ is atomic and resumable
 
 

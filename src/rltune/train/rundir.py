@@ -260,6 +260,17 @@ def _alive(pid: int, start: str | None) -> bool:
     return not (start and now and now != start)
 
 
+def _is_rltune(pid: int) -> bool | None:
+    """Whether the live process `pid` runs rltune (its command line names it); None where
+    /proc cannot tell. A pid read from a .lock file is data: pid 1 is no run to signal."""
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as f:
+            cmd = f.read(1 << 16)
+    except (OSError, ValueError, OverflowError):
+        return None
+    return b"rltune" in cmd
+
+
 class RunLock:
     """RUN_DIR/.lock: an flock held while the run lives (the kernel drops it when the process
     dies, even on SIGKILL), with the owner's pid, host and start time inside for the message.
@@ -309,11 +320,17 @@ class RunLock:
                 if owner.get("host") not in (None, me["host"]):
                     os.close(fd)
                     raise TrainError(self._in_use(owner, other_host=True))
-                if _alive(pid, owner.get("proc_start")):
+                alive = _alive(pid, owner.get("proc_start"))
+                rltune = _is_rltune(pid) if alive else False
+                if alive and rltune is not False:
                     os.close(fd)
-                    raise TrainError(self._in_use(owner))
-                warning = (f"taking over the lock {self.path} left by pid {pid} (started "
-                           f"{owner.get('started', '?')}), which is no longer running (killed?)")
+                    raise TrainError(self._in_use(owner, unknown=rltune is None))
+                if alive:   # we hold the flock, so no run holds it: the pid is someone else's
+                    warning = (f"taking over the lock {self.path}: it names pid {pid}, which is not an rltune run "
+                               "(a reused pid, or a lock file from elsewhere), and no run holds the lock")
+                else:
+                    warning = (f"taking over the lock {self.path} left by pid {pid} (started "
+                               f"{owner.get('started', '?')}), which is no longer running (killed?)")
             os.ftruncate(fd, 0)
             os.write(fd, json.dumps(me).encode())
             os.fsync(fd)
@@ -322,7 +339,7 @@ class RunLock:
         raise TrainError(f"could not take the lock {self.path} (it keeps being replaced)\n"
                          "  fix: make sure no other rltune run uses this directory")
 
-    def _in_use(self, owner: dict, other_host: bool = False) -> str:
+    def _in_use(self, owner: dict, other_host: bool = False, unknown: bool = False) -> str:
         who = f"pid {owner.get('pid', '?')} on host {owner.get('host', '?')}"
         since = f", started {owner['started']}" if owner.get("started") else ""
         if other_host:
@@ -330,6 +347,11 @@ class RunLock:
                     f"using it (its pid cannot be checked from this host)\n"
                     f"  fix: wait for that run or set trainer.output_dir to another directory; if no run uses "
                     f"it any more, delete {self.path}")
+        if unknown:   # alive, but /proc cannot say what it runs: no advice to signal it
+            return (f"the run directory {self.path.parent} is locked by {who}{since}, which is running; "
+                    f"whether it is an rltune run cannot be checked here\n"
+                    f"  fix: wait for that run or set trainer.output_dir to another directory; if no run uses "
+                    f"it, delete {self.path}")
         return (f"the run directory {self.path.parent} is in use by another rltune run ({who}{since})\n"
                 f"  fix: wait for it to finish, stop it (kill -INT {owner.get('pid', 'PID')}: it saves a "
                 f"checkpoint), or set trainer.output_dir to another directory")
