@@ -50,6 +50,18 @@ def echo(prompts, completions, answer=None, **kw):
 
 def pid(prompts, completions, **kw):
     return [float(os.getpid())] * len(prompts)
+
+def as_dict(prompts, completions, **kw):
+    return {30 + i: 1.0 for i in range(len(prompts))}
+
+def as_string(prompts, completions, **kw):
+    return "101"
+
+def as_generator(prompts, completions, **kw):
+    return (0.5 for _ in prompts)
+
+def huge(prompts, completions, **kw):
+    return [1e308 if p.startswith("b") else 1.0 for p in prompts]
 '''
 
 PROMPTS = ["a1", "b2", "a3"]
@@ -198,3 +210,26 @@ def test_train_with_an_isolated_reward_that_calls_os_exit(capfd, tmp_path):
     assert res.returncode == 1, res.stderr[-3000:]
     assert "rew.py:hard_exit exited with code 1 while scoring sample 0" in res.stderr, res.stderr[-3000:]
     assert "Traceback" not in res.stderr
+
+
+# ---- what a reward function returns: one float per completion, and sums that stay finite
+
+@pytest.mark.parametrize("name,shape", [("as_dict", "a dict"), ("as_string", "a str")])
+def test_a_dict_or_a_string_is_not_a_list_of_scores(rewards, name, shape):
+    # a dict's keys (mean 31) and a string's characters used to become rewards
+    with pytest.raises(RewardError, match=f"{name} must return a list of floats .*got {shape}"):
+        score(rewards(name))
+    assert score(rewards(name, on_error="zero")) == [0.0, 0.0, 0.0]
+
+
+def test_a_generator_of_scores_is_fine(rewards):
+    assert score(rewards("as_generator")) == [0.5, 0.5, 0.5]
+
+
+def test_an_overflowing_sum_names_the_function_and_obeys_on_error(rewards, caplog):
+    # weight 2 on a finite 1e308: the sum is inf; the message names the function, sample 1 and the value
+    with pytest.raises(RewardError, match=r"sample 1 .*overflows to inf: reward function .*:huge returned 1e\+308"):
+        score(rewards("huge", weights=[2.0]))
+    with caplog.at_level(logging.WARNING, logger="rltune"):
+        assert score(rewards("huge", weights=[2.0], on_error="zero")) == [2.0, 0.0, 2.0]
+    assert any("overflows" in r.getMessage() for r in caplog.records)

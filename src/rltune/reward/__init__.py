@@ -140,9 +140,15 @@ class RewardComputer:
             where = f"sample {bad} (prompt {prompts[bad][:60]!r})" if bad is not None else f"a batch of {len(prompts)}"
             what, fix = _describe_failure(err)
             return self._on_error(f"reward function {spec} {what} {where}", len(prompts), fix)
+        shape = _not_a_list(values)
+        if shape:
+            return self._on_error(f"reward function {spec} must return a list of floats (one per completion), "
+                                  f"got {shape}", len(prompts),
+                                  "return [score, ...] in the order of the completions, e.g. "
+                                  "[float(s) for s in scores]")
         try:
             values = [float(v) for v in values]
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, OverflowError) as err:
             return self._on_error(f"reward function {spec} must return a list of floats, got {type(values).__name__}: {err}", len(prompts))
         if len(values) != len(prompts):
             return self._on_error(f"reward function {spec} returned {len(values)} values for {len(prompts)} completions", len(prompts))
@@ -173,6 +179,25 @@ class RewardComputer:
             self.log.warning(msg + "; scored 0 (reward.on_error: zero)")
         return [0.0] * n
 
+    def _finite_sums(self, total: list[float], raw: dict[str, list[float]], prompts: list[str]) -> list[float]:
+        """Each sample's weighted sum must stay finite: finite scores can still overflow it (1e308 x 2).
+        The source with the largest weighted score is named; reward.on_error applies as to a NaN."""
+        weights = dict(zip((spec for spec, _ in self.functions), self.weights), model=1.0)
+        for i, t in enumerate(total):
+            if math.isfinite(t):
+                continue
+            spec = max(raw, key=lambda k: abs(weights.get(k, 1.0) * raw[k][i]))
+            source = "the reward model" if spec == "model" else f"reward function {spec}"
+            msg = (f"the reward of sample {i} (prompt {prompts[i][:60]!r}) overflows to {t}: {source} returned "
+                   f"{raw[spec][i]:g} (weight {weights.get(spec, 1.0):g})")
+            if self.cfg.on_error == "raise":
+                raise RewardError(msg + "\n  fix: keep rewards in a sane range (e.g. |r| <= 1e6), or set "
+                                  "reward.on_error: zero")
+            if self.log:
+                self.log.warning(msg + "; scored 0 (reward.on_error: zero)")
+            total[i] = 0.0
+        return total
+
     def close(self) -> None:
         """Stop the reward workers (reward.isolate); they also stop when the process exits."""
         for _, fn in self.functions:
@@ -196,6 +221,7 @@ class RewardComputer:
             values = [float(v) for v in self.reward_model(prompts, completions, conversations=conversations)]
             raw["model"] = values
             total = [t + v for t, v in zip(total, values)]
+        total = self._finite_sums(total, raw, prompts)
         if not training:
             return RewardResult(total, raw)
         if self.cfg.normalize:
@@ -212,6 +238,24 @@ class RewardComputer:
 
     def load_state_dict(self, state: dict) -> None:
         self.moments = RunningMoments(state["count"], state["mean"], state["m2"])
+
+
+def _not_a_list(values) -> str | None:
+    """Why `values` is not a list of scores, or None. A str, bytes, dict or set iterates (into
+    characters, keys, an arbitrary order) and used to be taken as scores."""
+    from collections.abc import Mapping, Set
+
+    if isinstance(values, (str, bytes, bytearray)):
+        return f"a {type(values).__name__} ({str(values)[:40]!r})"
+    if isinstance(values, (Mapping, Set)):
+        return f"a {type(values).__name__} (its keys or members are no scores in the completions' order)"
+    if getattr(values, "ndim", 1) != 1:
+        return f"an array of shape {tuple(getattr(values, 'shape', ()))}"
+    if hasattr(values, "__next__"):     # a generator: ordered, one score per completion
+        return None
+    if not hasattr(values, "__len__") or not hasattr(values, "__getitem__"):
+        return f"a {type(values).__name__}"
+    return None
 
 
 def _describe_failure(err: BaseException) -> tuple[str, str]:
