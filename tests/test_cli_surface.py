@@ -127,7 +127,7 @@ def test_recipes_copy_retargets_schema_and_refuses_overwrite(cli, tmp_path, monk
     code, out = cli("recipes", "copy", "tiny-grpo")
     assert code == 2
     assert out == ("rltune: error: `tiny-grpo.yaml` exists; not overwriting it\n"
-                   "  fix: give another DEST, or add --force: rltune recipes copy tiny-grpo tiny-grpo.yaml --force\n")
+                   "  fix: give another path, or add --force: rltune recipes copy tiny-grpo tiny-grpo.yaml --force\n")
     assert cli("recipes", "copy", "tiny-grpo", "--force")[0] == 0
     code, _ = cli("validate", "--skip-files", "tiny-grpo.yaml")
     assert code == 0

@@ -155,11 +155,12 @@ def presets_apply(
     recipe: str = typer.Argument(..., help="Recipe file to apply it to."),
     out: Optional[str] = typer.Option(None, "--output", "-O", metavar="PATH",
                                       help="Write the merged recipe here (default: stdout)."),
+    force: bool = typer.Option(False, "--force", help="Replace the --output file if it exists."),
 ) -> None:
     """Write RECIPE with the preset's values applied (they win), keeping comments; show what changed."""
     from rltune.commands.presets import run_apply
 
-    raise typer.Exit(run_apply(name, recipe, out))
+    raise typer.Exit(run_apply(name, recipe, out, force=force))
 
 
 recipes_app = typer.Typer(help="The shipped example recipes: list, show, copy.", no_args_is_help=False,
@@ -208,11 +209,12 @@ def recipes_copy(
 def schema(
     output: Optional[str] = typer.Option(None, "--output", "-O", metavar="PATH",
                                          help="Write to this file instead of stdout."),
+    force: bool = typer.Option(False, "--force", help="Replace the --output file if it exists."),
 ) -> None:
     """Print the recipe's JSON Schema (for yaml-language-server and editors)."""
     from rltune.commands.schema import run
 
-    raise typer.Exit(run(output))
+    raise typer.Exit(run(output, force=force))
 
 
 # ------------------------------------------------------------------ training half
@@ -290,11 +292,12 @@ def plot(
     run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="A run directory (holds metrics.jsonl)."),
     out: Optional[str] = typer.Option(None, "--output", "-O", metavar="PATH",
                                       help="PNG path, or a directory for DIR/plot.png (default RUN_DIR/run.png)."),
+    force: bool = typer.Option(False, "--force", help="Replace the --output file if it exists."),
 ) -> None:
     """PNG of reward, KL, grad norms, critic loss, entropy, length and timings, with health events."""
     from rltune.commands.plot import run
 
-    raise typer.Exit(run(run_dir, out))
+    raise typer.Exit(run(run_dir, out, force=force))
 
 
 @app.command()
@@ -358,10 +361,11 @@ def _fast(argv: List[str]) -> Optional[int]:
         if cmd == "schema":
             p = P(add_help=False)
             p.add_argument("--output", "-O", default=None)
+            p.add_argument("--force", action="store_true")
             a = p.parse_args(rest)
             from rltune.commands.schema import run
 
-            return run(a.output)
+            return run(a.output, force=a.force)
         # presets
         from rltune.commands import presets as pc
 
@@ -374,8 +378,9 @@ def _fast(argv: List[str]) -> Optional[int]:
             p.add_argument("name")
             p.add_argument("recipe")
             p.add_argument("--output", "-O", default=None)
+            p.add_argument("--force", action="store_true")
             a = p.parse_intermixed_args(rest[1:])
-            return pc.run_apply(a.name, a.recipe, a.output)
+            return pc.run_apply(a.name, a.recipe, a.output, force=a.force)
     except _FallBack:
         return None
     finally:

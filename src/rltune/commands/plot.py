@@ -98,7 +98,8 @@ def _labels(problems: list[dict], near: float) -> list[tuple[dict, int]]:
 
 
 def render(log, events, out: Path, title: str, max_new_tokens: Optional[int] = None,
-           grad_clip: Optional[float] = None, max_points: int = MAX_POINTS) -> Path:
+           grad_clip: Optional[float] = None, max_points: int = MAX_POINTS, force: bool = False,
+           default: bool = False) -> Path:
     import matplotlib
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
@@ -258,9 +259,13 @@ def render(log, events, out: Path, title: str, max_new_tokens: Optional[int] = N
     fig.legend(handles=extra, loc="upper right", ncol=len(extra), fontsize=9, frameon=False)
     fig.suptitle(title, x=0.01, ha="left", fontsize=12)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:
+        from rltune.outputs import write_output
+
+        fmt = (out.suffix[1:] or "png").lower()
+        write_output(out, lambda tmp: fig.savefig(tmp, dpi=100, format=fmt), force=force, replace_ok=default)
+    finally:
+        plt.close(fig)
     return out
 
 
@@ -278,7 +283,7 @@ def output_path(out, base: Path) -> Path:
     return p
 
 
-def run(run_dir, out=None, maps: Sequence[str] = (), source: Optional[str] = None) -> int:
+def run(run_dir, out=None, maps: Sequence[str] = (), source: Optional[str] = None, force: bool = False) -> int:
     """Entry point for `rltune plot RUN_DIR [--output run.png]`; returns the exit code."""
     from rltune.monitor.detectors import HealthMonitor
     from rltune.monitor.runlog import RunLogError, load_recipe, parse_maps, read_events, read_metrics
@@ -298,11 +303,13 @@ def run(run_dir, out=None, maps: Sequence[str] = (), source: Optional[str] = Non
         events = [e.to_dict() for e in mon.events] + [e for e in events if e.get("kind") == "autotune"]
     p = Path(run_dir)
     base = p if p.is_dir() else p.parent
+    default = not out                      # RUN_DIR/run.png: rltune's own output, rewritten by a later call
     out = output_path(out, base)
     n_prob = sum(1 for e in events if e.get("severity") in ("warning", "error"))
     title = f"{base.name or str(base)}: {len(log)} steps, {n_prob} health event(s)"
     try:
-        render(log, events, out, title, recipe.rollout.max_new_tokens, recipe.actor.grad_clip)
+        render(log, events, out, title, recipe.rollout.max_new_tokens, recipe.actor.grad_clip, force=force,
+               default=default)
     except OSError as e:
         print(f"rltune plot: cannot write {out}: {e.strerror or e}", file=sys.stderr)
         return 2

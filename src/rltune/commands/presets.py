@@ -109,16 +109,22 @@ def apply_preset_text(name: str, recipe_path: str) -> tuple:
     return buf.getvalue(), changes, skipped
 
 
-def run_apply(name: str, recipe: str, out: Optional[str]) -> int:
+def run_apply(name: str, recipe: str, out: Optional[str], force: bool = False) -> int:
     from rltune.recipe.api import lint
     from rltune.recipe.findings import count, format_text_line, sort_findings
     from rltune.recipe.loader import load_recipe_text
 
     load_preset_with_locs(name)  # unknown or unreadable preset, a preset naming presets: RecipeInputError, exit 2
+    if out:
+        from rltune.outputs import check_output
+
+        check_output(out, force, retry=f"rltune presets apply {name} {recipe} --output {out}")
     text, changes, skipped = apply_preset_text(name, recipe)
     log = sys.stdout if out else sys.stderr
     if out:
-        Path(out).write_text(text, encoding="utf-8")
+        from rltune.outputs import write_output
+
+        write_output(out, text, force=force, retry=f"rltune presets apply {name} {recipe} --output {out}")
     else:
         sys.stdout.write(text)
     target = out or "<stdout>"

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 from rltune.errors import RecipeInputError
+from rltune.outputs import check_output, write_output
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "recipes"
 _SCHEMA_LINE = re.compile(r"^# yaml-language-server: \$schema=(\S+)\s*$")
@@ -96,16 +97,13 @@ def run_copy(name: str, dest: str | None = None, force: bool = False) -> int:
     target = Path(dest) if dest else Path(src.name)
     if target.is_dir():
         target = target / src.name
-    if target.exists() and not force:
-        raise RecipeInputError(f"`{target}` exists; not overwriting it",
-                               fix=f"give another DEST, or add --force: rltune recipes copy {name} {target} --force")
+    check_output(target, force, retry=f"rltune recipes copy {name} {target}")   # a link (even dangling) is refused
     text, note = _retarget_schema(src.read_text(encoding="utf-8"), src, target)
     # the usage comments name the shipped path: name the copy instead
     shipped = f"recipes/{src.relative_to(RECIPE_DIR).as_posix()}"
     text = "".join(ln.replace(shipped, str(target)) if ln.startswith("#") else ln
                    for ln in text.splitlines(keepends=True))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text, encoding="utf-8")
+    write_output(target, text, force=force, retry=f"rltune recipes copy {name} {target}")
     print(f"wrote {target} (from the shipped recipe `{name}`); run it: rltune train {target}")
     if note:
         print(f"note: {note}")

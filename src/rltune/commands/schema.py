@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 from rltune.recipe.jsonschema import SCHEMA_URI, recipe_json_schema, schema_text  # noqa: F401
 
 
-def run(output: Optional[str] = None) -> int:
+def run(output: Optional[str] = None, force: bool = False) -> int:
+    from rltune.outputs import write_output
+
     text = schema_text()
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        write_output(output, text, force=force, retry=f"rltune schema --output {output}")
         print(f"wrote {output}")
     else:
         print(text, end="")
