@@ -279,12 +279,17 @@ def diagnose(
     maps: Optional[List[str]] = typer.Option(None, "--map", metavar="OURS=THEIRS", help="OUR_KEY=THEIR_KEY for metrics logged by other tools."),
     source: Optional[str] = typer.Option(
         None, "--from", metavar="TOOL", help="trl | verl | openrlhf: read that tool's log (JSON lines, trainer_state.json or console)."),
+    apply_overrides: bool = typer.Option(
+        False, "--apply-overrides", help="With --patch: also write in the run's command-line overrides of learning knobs "
+        "(never keys that load code, models or data: a run directory may be someone else's)."),
+    force: bool = typer.Option(False, "--force", help="With --patch: replace the file if it exists."),
 ) -> None:
     """Read a run's metrics, name what went wrong and what to change (exit 0 healthy, 1 problems)."""
     from rltune.commands.diagnose import run
 
     kw = {"source": source} if source else {}
-    raise typer.Exit(run(run_dir, fmt=fmt, patch=patch, maps=tuple(maps or ()), **kw))
+    raise typer.Exit(run(run_dir, fmt=fmt, patch=patch, maps=tuple(maps or ()), apply_overrides=apply_overrides,
+                         force=force, **kw))
 
 
 @app.command()

@@ -54,23 +54,73 @@ def test_patch_writes_the_source_file_with_the_changes(tmp_path, capsys):
         "lr: 3.0e-5", "lr: 1.5e-06")
     printed = capsys.readouterr().out
     assert f"wrote {out} (2 change(s); {src} with the changed keys edited in place)" in printed
-    assert f"next: rltune train {out} --allow-recipe-change" in printed
+    assert f"next: rltune train {out} trainer.output_dir={d} --allow-recipe-change" in printed
     assert yaml.safe_load(text)["critic"] == {"lr": 1.5e-06}
 
 
-def test_patch_carries_the_runs_command_line_overrides(tmp_path, capsys):
-    # the run was `rltune train my.yaml trainer.output_dir=/x/run2 actor.lr=1e-5`: the patched file
-    # must describe that run (its output_dir above all: `--allow-recipe-change` continues it),
-    # with the diagnosis' changes on top (they win over an override of the same key)
-    d, _ = _ppo_run_from(tmp_path, "# overrides: trainer.output_dir=/x/run2 'actor.lr=1e-5'\n")
+def test_patch_shows_the_runs_overrides_and_writes_in_only_learning_knobs_when_asked(tmp_path, capsys):
+    # the run directory may be someone else's: its `# overrides:` header is shown, never applied by
+    # default; --apply-overrides writes in learning knobs only, never keys that load code, models or
+    # data or name paths (issue 25, item 1: a received header made the patch import the sender's file)
+    header = ("# overrides: trainer.output_dir=/x/run2 'actor.lr=1e-5' 'algorithm.kl.coef=0.07' "
+              "'reward.functions=[/them/helper.py:score]' model.trust_remote_code=true model.policy=them/model\n")
+    d, src = _ppo_run_from(tmp_path, header)
     out = tmp_path / "fixed.yaml"
     assert run(d, patch=out) == 1
     data = yaml.safe_load(out.read_text())
-    assert data["trainer"]["output_dir"] == "/x/run2"
-    assert data["actor"]["lr"] == 5e-07 and data["critic"]["lr"] == 1.5e-06
-    assert "# first try" in out.read_text()
+    assert data == yaml.safe_load(USER.replace("lr: 1.0e-5", "lr: 5.0e-07").replace("lr: 3.0e-5", "lr: 1.5e-06"))
     printed = capsys.readouterr().out
-    assert "with the run's command-line overrides written in: trainer.output_dir=/x/run2 actor.lr=1e-5" in printed
+    assert "NOT written in" in printed and "algorithm.kl.coef=0.07" in printed and "--apply-overrides" in printed
+    assert "never taken from a run directory" in printed and "helper.py" in printed
+    assert f"next: rltune train {out} trainer.output_dir={d} --allow-recipe-change" in printed
+
+    assert run(d, patch=out, apply_overrides=True, force=True) == 1
+    text = out.read_text()
+    data = yaml.safe_load(text)
+    assert data["algorithm"]["kl"]["coef"] == 0.07                       # a learning knob: written in
+    assert data["actor"]["lr"] == 5e-07 and data["critic"]["lr"] == 1.5e-06   # the diagnosis wins
+    assert data["reward"]["functions"] == ["builtin:exact_answer"] and data["model"] == {"policy": "builtin:tiny-llama"}
+    assert "trainer" not in data and "helper.py" not in text and "trust_remote_code" not in text
+    assert "# first try" in text
+    printed = capsys.readouterr().out
+    assert "with the run's command-line overrides written in: actor.lr=1e-5 algorithm.kl.coef=0.07" in printed
+
+
+def test_patch_never_overwrites_without_force(tmp_path, capsys):
+    d, _ = _ppo_run_from(tmp_path)
+    out = tmp_path / "fixed.yaml"
+    out.write_text("mine\n")
+    assert run(d, patch=out) == 2
+    assert "exists; not overwriting it" in capsys.readouterr().err and out.read_text() == "mine\n"
+
+
+def test_a_crafted_header_gets_a_note_not_a_traceback(tmp_path, capsys):
+    d, _ = _ppo_run_from(tmp_path, "# overrides: 'unclosed\n")
+    assert run(d, patch=tmp_path / "fixed.yaml") == 1
+    assert "`# overrides:` header is unreadable" in capsys.readouterr().out
+
+
+def test_a_source_that_is_no_recipe_is_named_in_the_error(tmp_path, capsys):
+    # `# source:` naming a file that is not a recipe: the error names that file, not the output
+    notes = tmp_path / "notes.txt"
+    notes.write_text("just some text\n")
+    d, _ = _ppo_run_from(tmp_path)
+    text = (d / "recipe.yaml").read_text().split("\n", 1)[1]
+    (d / "recipe.yaml").write_text(f"# source: {notes}\n" + text)
+    assert run(d, patch=tmp_path / "fixed.yaml") == 2
+    err = capsys.readouterr().err
+    assert f"{notes}: is not a recipe" in err and "Traceback" not in err
+    assert not (tmp_path / "fixed.yaml").exists()
+
+
+def test_a_patch_from_a_run_without_source_flags_received_code(tmp_path, capsys):
+    trace, _ = fault("reward_swing")
+    d = write_run(tmp_path / "run", trace, {**RECIPE, "actor": {"lr": 1e-5}, "critic": {"lr": 3e-5},
+                                            "reward": {"functions": ["helper.py:score"]}})
+    out = tmp_path / "fixed.yaml"
+    assert run(d, patch=out) == 1
+    assert "# CHECK before training" in out.read_text() and "helper.py:score" in out.read_text()
+    assert "CHECK before training" in capsys.readouterr().out
 
 
 def test_patch_lints_the_result(tmp_path, capsys):

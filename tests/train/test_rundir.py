@@ -424,4 +424,4 @@ def test_run_recipe_names_its_source_for_diagnose_patch(finished):
     from rltune.commands.diagnose import run_overrides
 
     assert (finished / "recipe.yaml").read_text().splitlines()[1] == "# overrides: trainer.seed=5"
-    assert run_overrides(finished) == ["trainer.seed=5"]
+    assert run_overrides(finished) == (["trainer.seed=5"], None)

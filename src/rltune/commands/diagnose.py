@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from rltune.errors import RecipeInputError
+
 CAUSES = {
     "critic_nan": "critic lr too high or reward normalisation broken",
     "actor_nan": "non-finite actor loss: lr too high, gradients unclipped or fp16 overflow",
@@ -32,9 +34,9 @@ CAUSES = {
 REPEAT_SHOWN = 3   # text output: a kind that fired more often shows its first and last event only
 
 
-def _err(msg: str) -> int:
+def _err(msg: str, code: int = 2) -> int:
     print(f"rltune diagnose: {msg}", file=sys.stderr)
-    return 2
+    return code
 
 
 def analyse(run_dir, maps: Sequence[str] = (), source: Optional[str] = None) -> dict:
@@ -116,12 +118,32 @@ def shown_events(d: dict) -> list[dict]:
 SOURCE_TAG = "# source: "   # first lines of RUN_DIR/recipe.yaml: the recipe file the run was started from
 
 
+# Keys a patch may carry: knobs of the learning itself. Everything else - the model, the data, the
+# reward code, paths, trackers, presets, waivers - decides what code runs, what is read or where
+# things are written, and is never taken from a run directory (it may be someone else's).
+PATCH_SAFE = ("algorithm.", "actor.", "critic.", "train.", "health.", "autotune.", "rollout.temperature",
+              "rollout.top_p", "rollout.top_k", "rollout.batch_size", "rollout.max_new_tokens",
+              "rollout.mask_truncated", "rollout.rollout_correction", "reward.normalize", "reward.clip",
+              "reward.on_error", "reward.overlong", "trainer.max_steps", "trainer.save_every", "trainer.eval_every",
+              "trainer.keep_checkpoints", "trainer.precision", "trainer.seed")
+MAX_HEADER_LINE = 64 * 1024
+
+
+def patch_safe(key: str) -> bool:
+    """Whether a run directory may set `key` in a patch (a learning knob, nothing that loads code,
+    models or data, or names a path). An entry ending in "." is a section; others are keys."""
+    return any(key.startswith(k) if k.endswith(".") else (key == k or key.startswith(k + "."))
+               for k in PATCH_SAFE)
+
+
 def _recipe_header(run_dir) -> list[str]:
     p = Path(run_dir)
     rp = p / "recipe.yaml" if p.is_dir() else p.parent / "recipe.yaml"
     try:
-        with open(rp, encoding="utf-8") as f:
-            return [next(f, "") for _ in range(5)]
+        if not rp.is_file():
+            return []
+        with open(rp, encoding="utf-8", errors="replace") as f:
+            return [f.readline(MAX_HEADER_LINE) for _ in range(5)]
     except OSError:
         return []
 
@@ -130,43 +152,79 @@ def recipe_source(run_dir) -> Optional[Path]:
     """The user's recipe file named by RUN_DIR/recipe.yaml's `# source: PATH` header, if it still exists."""
     for line in _recipe_header(run_dir):
         if line.startswith(SOURCE_TAG):
-            src = Path(line[len(SOURCE_TAG):].strip())
-            return src if src.is_file() else None
+            try:
+                src = Path(line[len(SOURCE_TAG):].strip())
+                return src if src.is_file() else None
+            except (OSError, ValueError):
+                return None
     return None
 
 
-def run_overrides(run_dir) -> list[str]:
-    """The `key=value` overrides the run was started with (RUN_DIR/recipe.yaml's `# overrides:` header)."""
+def run_overrides(run_dir) -> tuple[list[str], Optional[str]]:
+    """The `key=value` overrides the run was started with (RUN_DIR/recipe.yaml's `# overrides:`
+    header), and a note when that header cannot be read."""
     import shlex
 
     from rltune.train.rundir import OVERRIDES_TAG
 
     for line in _recipe_header(run_dir):
         if line.startswith(OVERRIDES_TAG):
-            return shlex.split(line[len(OVERRIDES_TAG):])
-    return []
+            try:
+                return shlex.split(line[len(OVERRIDES_TAG):]), None
+            except ValueError as e:
+                return [], f"the run's `# overrides:` header is unreadable ({e}): ignored"
+    return [], None
 
 
-def patch_source(out_path, source: Path, changes: dict, overrides: Sequence[str] = ()) -> tuple[Path, list]:
-    """Write the user's recipe `source` with the run's command-line `overrides` and then `changes`
-    edited in place (comments and layout kept), then lint the result: (path, its error and
-    warning findings). Without the overrides the patched file would describe another run."""
+def sort_overrides(overrides: Sequence[str]) -> tuple[dict, list[str], list[str]]:
+    """({key: value} safe to write in, refused (code/model/data/path keys), unreadable)."""
     from rltune.recipe.loader import parse_override
+
+    safe, refused, bad = {}, [], []
+    for o in overrides:
+        try:
+            key, value = parse_override(o)
+        except RecipeInputError:
+            bad.append(o)
+            continue
+        if patch_safe(key):
+            safe[key] = value
+        else:
+            refused.append(o)
+    return safe, refused, bad
+
+
+def patch_source(out_path, source: Path, changes: dict, overrides: Optional[dict] = None,
+                 force: bool = False) -> tuple[Path, list]:
+    """Write the user's recipe `source` with the `overrides` (already sorted: safe keys only) and
+    then `changes` edited in place (comments and layout kept), then lint the result: (path, its
+    error and warning findings)."""
+    import yaml
+
+    from rltune.outputs import write_output
     from rltune.recipe.yamlio import edit_yaml_text, read_yaml_text
 
     out_path = Path(out_path)
-    edits = dict(parse_override(o) for o in overrides)
+    text = read_yaml_text(source, str(source))
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        doc = None
+    if not isinstance(doc, dict) or not ({"model", "data", "reward", "preset"} & set(doc)):
+        raise RecipeInputError("is not a recipe (no model/data/reward section), so it cannot be patched; it is named "
+                               "by the run's recipe.yaml `# source:` header", file=str(source),
+                               fix="edit your recipe by hand with the changes shown above")
+    edits = dict(overrides or {})
     edits.update(changes)
-    text = edit_yaml_text(read_yaml_text(source, str(source)), edits)
+    text = edit_yaml_text(text, edits)
     from rltune.commands.validate import check_text
 
     findings = check_text(text, str(out_path), source.parent)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(text, encoding="utf-8")
+    write_output(out_path, text, force=force)
     return out_path, findings
 
 
-def write_patch(out_path, raw: Optional[dict], changes: dict) -> tuple[Path, str]:
+def write_patch(out_path, raw: Optional[dict], changes: dict, force: bool = False) -> tuple[Path, str]:
     """Write the run's resolved recipe with `changes` applied (when the run does not name its
     source file); validated when the full recipe is known."""
     import copy
@@ -193,9 +251,32 @@ def write_patch(out_path, raw: Optional[dict], changes: dict) -> tuple[Path, str
         node[parts[-1]] = value
     if raw is not None:
         Recipe.model_validate(doc)   # keep it valid: raises on a bad change (a bug, not user input)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(header + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        named = received_code(doc)
+        if named:
+            header += ("# CHECK before training: these come from the run directory and load code, models or data:\n"
+                       + "".join(f"#   {k}: {v}\n" for k, v in named))
+    from rltune.outputs import write_output
+
+    write_output(out_path, header + yaml.safe_dump(doc, sort_keys=False), force=force)
     return out_path, ("full" if raw is not None else "changes-only")
+
+
+def received_code(doc: dict) -> list[tuple[str, str]]:
+    """(key, value) of a run recipe's settings that load code or models from outside rltune
+    (reward functions that are not builtin, a reward model, a policy that is not builtin,
+    trust_remote_code), for the patch's warning."""
+    out = []
+    reward, model = doc.get("reward") or {}, doc.get("model") or {}
+    for spec in reward.get("functions") or []:
+        if not str(spec).startswith("builtin:"):
+            out.append(("reward.functions", str(spec)))
+    for key, value in (("reward.model", reward.get("model")), ("model.policy", model.get("policy")),
+                       ("model.critic", model.get("critic")), ("model.reference", model.get("reference"))):
+        if value and not str(value).startswith("builtin:"):
+            out.append((key, str(value)))
+    if model.get("trust_remote_code"):
+        out.append(("model.trust_remote_code", "true"))
+    return out
 
 
 def _print_text(d: dict) -> None:
@@ -248,14 +329,33 @@ def _print_patch(p: dict) -> None:
     print(f"wrote {p['path']} ({len(p['changes'])} change(s); {content})")
     if p.get("overrides"):
         print("  with the run's command-line overrides written in: " + " ".join(p["overrides"]))
+    if p.get("overrides_shown"):
+        print("  the run was started with command-line overrides, NOT written in (they come from the run "
+              "directory): " + " ".join(p["overrides_shown"]) + "\n  to write in its learning knobs: "
+              "add --apply-overrides")
+    if p.get("overrides_refused"):
+        print("  never taken from a run directory (they load code, models or data, or name paths): "
+              + " ".join(p["overrides_refused"]))
+    if p.get("received_code"):
+        print("  CHECK before training: the run's recipe loads code or models you did not write: "
+              + ", ".join(f"{k}={v}" for k, v in p["received_code"]))
     if p["findings"]:
         print(format_findings([Finding(**f) for f in p["findings"]], "text"))
     if p["changes"]:
-        print(f"  next: rltune train {p['path']} --allow-recipe-change (continues the run with the new values), "
-              "or --resume never / a new trainer.output_dir (starts over)")
+        import shlex
+
+        cmd = shlex.join(["rltune", "train", p["path"], f"trainer.output_dir={p['run_dir']}", "--allow-recipe-change"])
+        print(f"  next: {cmd} (continues "
+              "the run with the new values), or a new trainer.output_dir (starts over)")
 
 
-def run(run_dir, fmt: str = "text", patch=None, maps: Sequence[str] = (), source: Optional[str] = None) -> int:
+def _run_root(run_dir) -> Path:
+    p = Path(run_dir)
+    return p if p.is_dir() else p.parent
+
+
+def run(run_dir, fmt: str = "text", patch=None, maps: Sequence[str] = (), source: Optional[str] = None,
+        apply_overrides: bool = False, force: bool = False) -> int:
     """Entry point for `rltune diagnose RUN_DIR [--format text|json] [--patch OUT.yaml]
     [--map OUR=THEIRS ...] [--from trl|verl|openrlhf]`; returns the exit code."""
     from rltune.monitor.runlog import RunLogError
@@ -269,24 +369,36 @@ def run(run_dir, fmt: str = "text", patch=None, maps: Sequence[str] = (), source
     raw = d.pop("_raw_recipe")
     d.pop("_recipe")
     if patch is not None:
-        changes = d["verdict"]["changes"] if d["verdict"] else {}
-        from rltune.errors import RecipeInputError
+        from rltune.outputs import check_output
 
+        changes = {k: v for k, v in (d["verdict"]["changes"] if d["verdict"] else {}).items() if patch_safe(k)}
         source = recipe_source(run_dir)
-        overrides = run_overrides(run_dir) if source is not None else []
+        listed, note = run_overrides(run_dir) if source is not None else ([], None)
+        if note:
+            d["notes"].append(note)
+        safe, refused, bad = sort_overrides(listed)
+        if bad:
+            d["notes"].append("unreadable overrides in the run's `# overrides:` header, ignored: " + " ".join(bad))
+        written = [o for o in listed if o not in refused and o not in bad] if apply_overrides else []
         findings: list = []
+        received: list = []
         try:
+            check_output(patch, force, retry=f"rltune diagnose {run_dir} --patch {patch}")
             if source is not None:
-                path, findings = patch_source(patch, source, changes, overrides)
+                path, findings = patch_source(patch, source, changes, safe if apply_overrides else {}, force=force)
                 kind = "source"
             else:
-                path, kind = write_patch(patch, raw, changes)
+                path, kind = write_patch(patch, raw, changes, force=force)
+                received = received_code(raw) if raw else []
         except OSError as e:
             return _err(f"--patch {patch}: cannot write: {e.strerror or e}")
         except RecipeInputError as e:
-            return _err(f"--patch {patch}: {e}")
-        d["patch"] = {"path": str(path), "content": kind, "changes": changes,
-                      "source": str(source) if source else None, "overrides": overrides, "findings": [f.to_dict() for f in findings]}
+            return _err(f"--patch {patch}: {e}", code=e.exit_code)
+        d["patch"] = {"path": str(path), "content": kind, "changes": changes, "run_dir": str(_run_root(run_dir)),
+                      "source": str(source) if source else None, "overrides": written,
+                      "overrides_shown": [] if apply_overrides else [o for o in listed if o not in refused and o not in bad],
+                      "overrides_refused": refused, "received_code": received,
+                      "findings": [f.to_dict() for f in findings]}
     if fmt == "json":
         print(json.dumps(d, indent=2, default=str))
     else:
