@@ -217,3 +217,61 @@ RECIPE = {
     "actor": {"lr": 1e-6},
     "critic": {"lr": 3e-6},
 }
+
+
+# ---- issue 24: held-out traces the detectors missed ----------------------------------------
+
+def long_clipping(n: int = 260, seed: int = 0) -> list[dict]:
+    """A healthy run whose gradients are clipped on every step for longer than
+    health.clip_long_steps (200): actor pre-clip norms 1.2-1.7 (grad_clip 1.0), the critic's above
+    its clip too (healthy(clipped=True))."""
+    rng = random.Random(seed + 7)
+    tr = healthy(n, seed, clipped=True)
+    for m in tr:
+        m["actor/grad_norm"] = 1.2 + 0.5 * rng.random()
+    return tr
+
+
+def oscillating(n: int = 60, seed: int = 0, amp: float = 0.05, start: int = 10, steps: int = 16,
+                std: float = 0.2) -> list[dict]:
+    """A GRPO run whose reward alternates ±`amp` (relative) around its trend on steps
+    start..start+steps-1: with reward/std `std` over 32 sequences each swing is within ~1.5
+    standard errors (far below reward_swing's threshold), but up, down, up, down for many steps."""
+    tr = healthy(n, seed, noise=0.01, ppo=False)
+    for m in tr:
+        m["reward/std"] = std
+    for m in tr[start - 1:start - 1 + steps]:
+        m["reward/mean"] *= 1 + (amp if m["step"] % 2 == 0 else -amp)
+    return tr
+
+
+def zero_std(n: int = 80, seed: int = 0, level: float = 0.1, jump_to: float | None = None, at: int = 30,
+             groups: int = 8, ramp_to: float | None = None) -> list[dict]:
+    """A GRPO run logging rollout/zero_std_frac as rltune does: the share of `groups` groups (8 in
+    the GRPO test recipe: 4 generation calls x 2 prompts) whose samples all scored alike, with its
+    binomial noise. From step `at` the share is `jump_to` (a jump), or it rises linearly to
+    `ramp_to` by the last step (a learner solving its prompts)."""
+    rng = random.Random(seed + 11)
+    tr = healthy(n, seed, ppo=False)
+    for m in tr:
+        t = m["step"]
+        p = level
+        if ramp_to is not None:
+            p = level + (ramp_to - level) * (t - 1) / (n - 1)
+        elif jump_to is not None and t >= at:
+            p = jump_to
+        m["rollout/zero_std_frac"] = sum(rng.random() < p for _ in range(groups)) / groups
+    return tr
+
+
+def eval_falls_to_zero(n: int = 25, seed: int = 0, every: int = 5,
+                       evals=(0.076, 0.05, 0.02, 0.0, 0.0)) -> list[dict]:
+    """The held-out case: GRPO, the sampled train reward climbs ~0.5 -> 0.99 while the greedy eval
+    reward (eval/reward every `every` steps, as the trainer logs it) falls 0.076 -> 0.000."""
+    tr = healthy(n, seed, noise=0.02, ppo=False, r0=0.5, r1=0.99)
+    for m in tr:
+        m.pop("eval/reward", None)
+    at = [s for s in range(1, n + 1) if s % every == 0 or s == n]
+    for s, e in zip(at, evals):
+        tr[s - 1]["eval/reward"] = e
+    return tr

@@ -52,7 +52,8 @@ def test_eval_reward_falling_while_train_rises_is_reward_hacking():
         if "eval/reward" in m and m["step"] >= 50:
             m["eval/reward"] = 0.6   # eval best ~1.3 at step 40, train keeps rising
     _, evs = run(trace)
-    assert [(e.step, e.kind) for e in evs] == [(70, "reward_hacking")]
+    # two evals in a row (50, 60) below the best, each by >= collapse_drop of it
+    assert [(e.step, e.kind) for e in evs] == [(60, "reward_hacking")]
 
 
 def test_messages_use_playbook_words_and_advice_shape():

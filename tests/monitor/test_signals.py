@@ -56,7 +56,7 @@ def test_clipping_on_most_steps_is_an_info_naming_the_effective_lr():
     ("grad_clip_info", 24, "info", "actor"),
     ("grad_clip_critic", 24, "warning", "critic"),
     ("is_weight_extreme", 21, "warning", "rollout"),
-    ("zero_advantage", 29, "warning", "data"),
+    ("zero_advantage", 21, "warning", "data"),     # the jump 0.3 -> 0.98 at step 20, 2 steps in a row
     ("clipfrac_high", 24, "warning", "actor"),
     ("logprob_drift", 37, "warning", "rollout"),
     ("length_runaway", 29, "warning", "rollout"),
@@ -104,15 +104,18 @@ def test_reward_swing_is_judged_against_sampling_noise():
         m["reward/mean"] = sum(rng.random() < 0.05 for _ in range(32)) / 32
         m["reward/std"] = 0.218
     assert problems(run(tr, GRPO)) == []
-    # ±10% swings of a mean ~0.8 (std 0.4): within the noise of 32 sequences, far outside that of 4096
+    # ±10% swings of a mean ~0.8 (std 0.4): each within the noise of 32 sequences, far outside that
+    # of 4096; the regular alternation over 10+ steps is flagged either way (issue 24: not noise)
     from synth import _trend
     tr = healthy(60, 0, noise=0.002, ppo=False)
     for m in tr[9:30]:
         m["reward/mean"] = _trend(m["step"], 60) * (1.1 if m["step"] % 2 == 0 else 0.9)
-    assert problems(run(tr, GRPO)) == []
+    evs = problems(run(tr, GRPO))
+    assert [(s, k) for s, k, _, _ in evs] == [(19, "reward_swing")] and "oscillates" in evs[0][3]
     big = Recipe.model_validate({**RECIPE, "algorithm": {"name": "grpo"}, "rollout": {"batch_size": 1024},
                                  "train": {"batch_size": 4096, "micro_batch_size": 4}})
-    assert [(e.step, e.kind) for e in run(tr, big)] == [(11, "reward_swing")]
+    evs = run(tr, big)
+    assert [(e.step, e.kind) for e in evs] == [(11, "reward_swing")] and "swings" in evs[0].message
 
 
 def test_length_at_the_limit_from_the_start_is_not_a_runaway():

@@ -128,10 +128,15 @@ def precision_and_warmup(r) -> Advice:
 
 # ---- per symptom -------------------------------------------------------------------------
 
-def for_reward_swing(r) -> Advice:
+def for_reward_swing(r, oscillating: bool = False) -> Advice:
+    """Lower actor.lr (to 5e-7, or halve it below that), keep critic.lr (the playbook's Day-1 case:
+    reward swinging ±25% at actor lr 1e-5)."""
     lr = r.actor.lr
     target = min(lr * 0.5, SWING_LR) if lr > SWING_LR else lr * 0.5
-    return lower_actor_lr(r, target)
+    c, l = lower_actor_lr(r, target)
+    why = ("each update overshoots and the next one corrects it, so the reward alternates up and down"
+           if oscillating else "each update moves the policy further than the batch's reward can tell apart from noise")
+    return c, l + [f"the actor lr is too high for this batch: {why}"]
 
 
 def for_kl_high(r, kl_value: float, reward_creeping: bool = False) -> Advice:
@@ -362,6 +367,26 @@ def for_zero_adv(r) -> Advice:
         lines.append(change_line("algorithm.group_size", g, g * 2) + " (more samples per prompt: more groups with a spread)")
     lines.append("filter prompts the policy always or never solves (too easy / too hard), or use a graded reward")
     return ch, lines
+
+
+def for_zero_adv_jump(r) -> Advice:
+    lines = ["most groups suddenly score all their samples the same: something changed in the run (the"
+             " prompts' difficulty drifts slowly); no recipe change until the cause is known",
+             "read this step's samples and rewards: a reward function that returns one score for everything"
+             " (an exception scored 0, a changed answer format), a policy that stopped exploring"
+             " (actor/entropy falling), or a block of prompts all too easy or too hard",
+             "if the train reward is at its maximum, the task is solved for these prompts: use harder"
+             " prompts or stop"]
+    if r.reward.on_error != "raise":
+        lines.append(f"reward.on_error is {r.reward.on_error}: look for reward errors in the log")
+    return {}, lines
+
+
+def for_zero_adv_solved(r) -> Advice:
+    return {}, ["most groups now score all their samples the same because the policy solves their prompts:"
+                " fine, but the batch teaches little from here",
+                "to keep learning: harder prompts (data.train), or a graded reward instead of pass/fail;"
+                " or stop: the task is learned for these prompts"]
 
 
 def for_clipfrac(r) -> Advice:

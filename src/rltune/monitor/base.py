@@ -69,6 +69,38 @@ def mean(xs) -> float:
     return statistics.fmean(xs) if xs else 0.0
 
 
+def step_noise(xs: list[float], least: int = 3) -> float:
+    """The step-to-step noise (one standard deviation) of a series, from the median absolute
+    difference of successive values: robust to a trend and to a few jumps; 0 for fewer than
+    `least` differences."""
+    diffs = [abs(b - a) for a, b in zip(xs, xs[1:])]
+    return statistics.median(diffs) / (0.6745 * math.sqrt(2)) if diffs and len(diffs) >= least else 0.0
+
+
+def robust_level(xs: list[float]) -> tuple[float, float]:
+    """(median, standard deviation from the median absolute deviation) of `xs`."""
+    if not xs:
+        return 0.0, 0.0
+    med = statistics.median(xs)
+    return med, 1.4826 * statistics.median(abs(x - med) for x in xs)
+
+
+FALL_SIGMAS = 4.0    # a fall beyond this many standard errors of the difference of two window means
+FALL_MIN = 0.02      # ... and at least this fraction of the reward's scale
+
+
+def reward_falling(hist: list[float], w: int) -> Optional[tuple[float, float]]:
+    """(mean of the `w` values before, mean of the last `w`) when the last are lower by more than
+    their noise (the series' step-to-step noise, `step_noise`) and `FALL_MIN` of the scale; else None."""
+    if len(hist) < 2 * w:
+        return None
+    prev, cur = statistics.fmean(hist[-2 * w:-w]), statistics.fmean(hist[-w:])
+    noise = step_noise(hist) * math.sqrt(2 / w)
+    if prev - cur > max(FALL_SIGMAS * noise, FALL_MIN * max(abs(prev), SWING_FLOOR)):
+        return prev, cur
+    return None
+
+
 def rising(prev: list[float], cur: list[float], factor: float, floor: float) -> bool:
     """The mean of `cur` is more than `factor` x the mean of `prev` and above `floor`."""
     if len(prev) < 2 or len(cur) < 2:

@@ -2,7 +2,7 @@
 reads a run, and says what is wrong and what to change (docs/health.md lists every detector).
 
 `HealthMonitor(recipe, run_dir).observe(metrics)` is called by the trainer after each step and by
-`rltune diagnose` offline. The detectors live in monitor/signals.py (base classes and helpers in
+`rltune diagnose` offline. The detectors live in monitor/signals/ (base classes and helpers in
 monitor/base.py); thresholds come from `recipe.health`, scaled to the run where the playbook figure
 is a large-model one (sync time by model size, length and clip fraction relative to the run's start);
 the advice is computed from the current recipe (monitor/advice.py). A detector fires once per
@@ -89,6 +89,15 @@ class HealthMonitor:
             return max(size, 5 * statistics.median(early))
         return size
 
+    def reward_se(self, v: dict) -> Optional[float]:
+        """The standard error of a step's mean reward: reward/std (this step's, else the mean of the
+        last `window`) / sqrt(sequences per step); None when reward/std is not logged."""
+        std = v.get("reward/std")
+        if not _finite(std):
+            stds = self.recent("reward/std", self.h.window)
+            std = statistics.fmean(stds) if stds else None
+        return None if std is None else std / math.sqrt(max(1, self.sequences_per_step))
+
     def reward_improving(self, r_hist: list[float], v: dict) -> bool:
         """The reward of the last window is above that of the window before by more than the noise
         of a window mean (reward/std / sqrt(sequences x window), at least 1% of its scale)."""
@@ -96,11 +105,7 @@ class HealthMonitor:
         if len(r_hist) < 2 * w:
             return len(r_hist) >= 2 and r_hist[-1] > r_hist[0]
         prev, cur = r_hist[-2 * w:-w], r_hist[-w:]
-        std = v.get("reward/std")
-        if not _finite(std):
-            stds = self.recent("reward/std", w)
-            std = statistics.fmean(stds) if stds else 0.0
-        noise = std / math.sqrt(max(1, self.sequences_per_step) * w)
+        noise = (self.reward_se(v) or 0.0) / math.sqrt(w)
         margin = max(2 * noise, 0.01 * max(abs(statistics.fmean(prev)), SWING_FLOOR))
         return statistics.fmean(cur) - statistics.fmean(prev) > margin
 

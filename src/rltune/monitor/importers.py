@@ -22,65 +22,9 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
+from rltune.monitor.keymaps import FORMATS, TOOL_MAPS, is_num, lookup
 from rltune.monitor.runlog import RunLog, RunLogError, _Table, metrics_path, parse_maps, read_metrics
 
-FORMATS = ("trl", "verl", "openrlhf")
-
-# our key -> candidates (their key, scale), first hit wins; a key ending in "*" matches a prefix
-TOOL_MAPS: dict[str, dict[str, list[tuple[str, float]]]] = {
-    "trl": {   # GRPOTrainer / PPOTrainer (and the HF Trainer's own keys)
-        "reward/mean": [("reward", 1.0), ("objective/scores", 1.0), ("env/reward_mean", 1.0)],
-        "reward/std": [("reward_std", 1.0), ("env/reward_std", 1.0)],
-        "kl": [("kl", 1.0), ("objective/kl", 1.0)],
-        "actor/entropy": [("entropy", 1.0), ("policy/entropy_avg", 1.0)],
-        "response/length_mean": [("completions/mean_length", 1.0), ("completion_length", 1.0)],
-        "response/clip_ratio": [("completions/clipped_ratio", 1.0)],
-        "actor/grad_norm": [("grad_norm", 1.0)],
-        "actor/lr": [("learning_rate", 1.0), ("lr", 1.0)],
-        "actor/loss": [("loss", 1.0), ("loss/policy_avg", 1.0)],
-        "critic/loss": [("loss/value_avg", 1.0)],
-        "actor/clipfrac": [("clip_ratio/region_mean", 1.0), ("clip_ratio", 1.0), ("policy/clipfrac_avg", 1.0)],
-        "batch/zero_adv_frac": [("frac_reward_zero_std", 1.0)],
-        "rollout/is_weight_max": [("sampling/importance_sampling_ratio/max", 1.0)],
-        "rollout/is_weight_mean": [("sampling/importance_sampling_ratio/mean", 1.0)],
-        "rollout/logprob_diff_mean": [("sampling/sampling_logp_difference/mean", 1.0)],
-        "rollout/logprob_diff_max": [("sampling/sampling_logp_difference/max", 1.0)],
-        "timing/step_s": [("step_time", 1.0)],
-        "eval/reward": [("eval_reward", 1.0), ("eval/reward", 1.0)],
-    },
-    "verl": {   # ray_trainer metrics (metric_utils) and the actor/critic workers
-        "reward/mean": [("critic/score/mean", 1.0), ("critic/rewards/mean", 1.0)],
-        "kl": [("actor/kl_loss", 1.0), ("critic/kl", 1.0), ("actor/ppo_kl", 1.0)],
-        "kl_coef": [("actor/kl_coef", 1.0), ("critic/kl_coef", 1.0)],
-        "actor/entropy": [("actor/entropy", 1.0), ("actor/entropy_loss", 1.0)],
-        "actor/grad_norm": [("actor/grad_norm", 1.0)],
-        "actor/loss": [("actor/pg_loss", 1.0)],
-        "actor/clipfrac": [("actor/pg_clipfrac", 1.0)],
-        "actor/lr": [("actor/lr", 1.0)],
-        "critic/loss": [("critic/vf_loss", 1.0)],
-        "critic/grad_norm": [("critic/grad_norm", 1.0)],
-        "critic/explained_var": [("critic/vf_explained_var", 1.0)],
-        "critic/lr": [("critic/lr", 1.0)],
-        "response/length_mean": [("response_length/mean", 1.0)],
-        "response/clip_ratio": [("response_length/clip_ratio", 1.0)],
-        "timing/rollout_s": [("timing_s/gen", 1.0)],
-        "timing/train_s": [("timing_s/update_actor", 1.0)],
-        "timing/step_s": [("timing_s/step", 1.0)],
-        "timing/sync_ms": [("timing_s/update_weights", 1000.0), ("timing_s/sync_weights", 1000.0)],
-        "eval/reward": [("val-core/*", 1.0), ("val/test_score/*", 1.0)],
-    },
-    "openrlhf": {   # PPO status dict (`train/` prefix under W&B/TensorBoard) and its short tqdm names
-        "reward/mean": [("reward", 1.0), ("rm", 1.0)],
-        "kl": [("kl", 1.0)],
-        "actor/loss": [("policy_loss", 1.0), ("act_loss", 1.0), ("pg", 1.0)],
-        "critic/loss": [("critic_loss", 1.0), ("cri", 1.0)],
-        "actor/lr": [("actor_lr", 1.0), ("act_lr", 1.0)],
-        "critic/lr": [("critic_lr", 1.0), ("cri_lr", 1.0)],
-        "response/length_mean": [("response_length", 1.0), ("gen_len", 1.0), ("glen", 1.0)],
-        "actor/entropy": [("entropy_loss", 1.0), ("ent_loss", 1.0)],
-        "actor/clipfrac": [("ppo_clip_ratio", 1.0)],
-    },
-}
 
 # where each tool keeps the step; bookkeeping keys that are neither a metric nor "ignored"
 STEP_KEYS = {
@@ -319,21 +263,6 @@ def detect(records: list[tuple[str, dict]]) -> tuple[Optional[str], str]:
 # ------------------------------------------------------------------ import
 
 
-def _lookup(d: dict, cands: list[tuple[str, float]]) -> Optional[tuple[str, float]]:
-    for key, scale in cands:
-        if key.endswith("*"):
-            hits = sorted(k for k in d if k.startswith(key[:-1]) and _isnum(d[k]))
-            if hits:
-                return hits[0], d[hits[0]] * scale
-        elif key in d and _isnum(d[key]):
-            return key, d[key] * scale
-    return None
-
-
-def _isnum(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def map_record(d: dict, tool: str, mapping: dict) -> tuple[dict, set[str]]:
     """(our row, their keys left unmapped) for one record; the row has "step" when the log had one."""
     d = _strip(d, PREFIXES.get(tool, ()))
@@ -341,16 +270,16 @@ def map_record(d: dict, tool: str, mapping: dict) -> tuple[dict, set[str]]:
     used: set[str] = set()
     for key in STEP_KEYS.get(tool, ("step",)):
         v = d.get(key)
-        if _isnum(v) and math.isfinite(v):
+        if is_num(v) and math.isfinite(v):
             row["step"] = int(v)
             break
     for ours, cands in mapping.items():
-        hit = _lookup(d, cands)
+        hit = lookup(d, cands)
         if hit is not None:
             used.add(hit[0])
             row[ours] = float(hit[1])
     left = {k for k, v in d.items()
-            if isinstance(k, str) and _isnum(v) and k not in used and k not in BOOKKEEPING
+            if isinstance(k, str) and is_num(v) and k not in used and k not in BOOKKEEPING
             and not k.startswith("_")}
     # the other candidates of a key we mapped (e.g. verl's actor/ppo_kl when actor/kl_loss won) are used too
     left -= {k for cands in mapping.values() for k, _ in cands if any(k2 in used for k2, _ in cands)}

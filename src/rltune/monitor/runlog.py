@@ -12,30 +12,23 @@ from itertools import compress
 from pathlib import Path
 from typing import Iterator, Optional
 
+from rltune.monitor.keymaps import TOOL_MAPS, apply_mapping, is_num
+
 
 class RunLogError(Exception):
     """Input that cannot be read (missing directory/file, no metrics); exit code 2."""
 
 
-def _tool_maps() -> dict:
-    """The built-in maps of `--from` (rltune.monitor.importers.TOOL_MAPS, which also reads those
-    tools' console logs)."""
-    from rltune.monitor.importers import TOOL_MAPS
-
-    return TOOL_MAPS
-
-
 def parse_maps(maps=(), source: Optional[str] = None) -> dict[str, list[tuple[str, float]]]:
     """--from trl|verl|openrlhf plus --map OUR=THEIRS (repeatable; user maps win)."""
     out: dict[str, list[tuple[str, float]]] = {}
-    tools = _tool_maps()
     if source:
-        if source not in tools:
-            raise RunLogError(f"--from {source!r}: unknown source; use one of {', '.join(tools)}")
-        out.update({k: list(v) for k, v in tools[source].items()})
+        if source not in TOOL_MAPS:
+            raise RunLogError(f"--from {source!r}: unknown source; use one of {', '.join(TOOL_MAPS)}")
+        out.update({k: list(v) for k, v in TOOL_MAPS[source].items()})
     for m in maps or ():
-        if m in tools:   # `--map trl` as a shorthand for --from trl
-            out.update({k: list(v) for k, v in tools[m].items()})
+        if m in TOOL_MAPS:   # `--map trl` as a shorthand for --from trl
+            out.update({k: list(v) for k, v in TOOL_MAPS[m].items()})
             continue
         ours, sep, theirs = str(m).partition("=")
         if not sep or not ours.strip() or not theirs.strip():
@@ -44,36 +37,8 @@ def parse_maps(maps=(), source: Optional[str] = None) -> dict[str, list[tuple[st
     return out
 
 
-def _lookup(row: dict, cands: list[tuple[str, float]]):
-    for key, scale in cands:
-        if key.endswith("*"):
-            pre = key[:-1]
-            hits = [k for k in sorted(row) if k.startswith(pre) and isinstance(row[k], (int, float))]
-            if hits:
-                return row[hits[0]] * scale
-        elif key in row and isinstance(row[key], (int, float)) and not isinstance(row[key], bool):
-            return row[key] * scale
-    return None
-
-
-def apply_mapping(row: dict, mapping: dict) -> dict:
-    if not mapping:
-        return row
-    theirs = {k for c in mapping.values() for k, _ in c}
-    out = {k: v for k, v in row.items() if k not in theirs or k in mapping}
-    for ours, cands in mapping.items():
-        v = _lookup(row, cands)
-        if v is not None:
-            out[ours] = v
-    return out
-
-
 _MISSING = float("nan")   # a step that did not log a key (its `present` byte is 0)
 _BIG = 1e308              # ints beyond float range are not metrics
-
-
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 class RunLog:
@@ -158,7 +123,7 @@ class _Table:
         nums.pop("step", None)
         if not nums:
             return
-        if not _is_num(s) or not -2**62 < s < 2**62:   # no step (or NaN, inf, absurd): the next one
+        if not is_num(s) or not -2**62 < s < 2**62:   # no step (or NaN, inf, absurd): the next one
             s = (self.max_step + 1) if self.max_step is not None else 1
         s = int(s)
         i = self.index.get(s)
@@ -354,7 +319,7 @@ def load_recipe(run_dir, log=None):
         rows = list(log)
 
         def values(key):
-            return [r[key] for r in rows if _is_num(r.get(key))]
+            return [r[key] for r in rows if is_num(r.get(key))]
 
         def has(key):
             return any(key in r for r in rows)

@@ -1,0 +1,188 @@
+"""What the rollouts look like: response length (collapse, runaway) and groups that give no
+learning signal (zero advantage)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Optional
+
+from .. import advice as A
+from ..base import SWING_FLOOR, Detector, Event, Sustained, _finite, _rd, robust_level, step_noise
+
+
+class LengthCollapse(Sustained):
+    name = "length_collapse"
+    key = "response/length_mean"
+
+    def ready(self, mon):
+        return len(mon.hist.get(self.key, [])) >= mon.h.window and mon.first_mean(self.key) is not None
+
+    def condition(self, mon, x):
+        return x < mon.h.length_collapse * mon.first_mean(self.key)
+
+    def event(self, mon, step, x, n):
+        start = mon.first_mean(self.key)
+        ch, lines = A.for_length_collapse(mon.recipe)
+        return Event(step, "length_collapse", "warning",
+                     f"Response length collapsed to {A.fmt(_rd(x, 3))} tokens, {x / start * 100:.0f}% of its start "
+                     f"{A.fmt(_rd(start, 3))} (< {mon.h.length_collapse * 100:.0f}%) for {n} steps",
+                     {"length": _rd(x), "start": _rd(start), "ratio": _rd(x / start, 3), "steps": n, "role": "actor"},
+                     lines, ch)
+
+
+class LengthRunaway(Sustained):
+    """Mean response length grown well beyond its start: to `length_growth` x the start, or pinned at
+    rollout.max_new_tokens after starting clearly below it. A run whose responses start at the limit
+    (a short max_new_tokens) has not run away."""
+    name = "length_runaway"
+    key = "response/length_mean"
+
+    def ready(self, mon):
+        return len(mon.hist.get(self.key, [])) >= mon.h.window and mon.first_mean(self.key) is not None
+
+    def condition(self, mon, x):
+        start = max(mon.first_mean(self.key), 1e-9)
+        cap = mon.h.length_runaway * mon.recipe.rollout.max_new_tokens
+        return x > mon.h.length_growth * start or (x > cap and x > 1.25 * start)
+
+    def event(self, mon, step, x, n):
+        mnt = mon.recipe.rollout.max_new_tokens
+        start = mon.first_mean(self.key)
+        ch, lines = A.for_length_runaway(mon.recipe)
+        return Event(step, "length_runaway", "warning",
+                     f"Response length runaway: mean {A.fmt(_rd(x, 3))} tokens, {x / start:.1f}x its start "
+                     f"{A.fmt(_rd(start, 3))} and {x / mnt * 100:.0f}% of rollout.max_new_tokens {mnt}, for {n} steps",
+                     {"length": _rd(x), "start": _rd(start), "max_new_tokens": mnt, "steps": n, "role": "rollout"},
+                     lines, ch)
+
+
+ZERO_KEYS = ("rollout/zero_std_frac", "batch/zero_adv_frac")   # rltune's own first, then other tools'
+JUMP_MIN = 0.2      # a jump adds at least this share of zero-advantage groups ...
+JUMP_SIGNAL = 0.5   # ... leaves at most this fraction of the groups that gave a signal before ...
+JUMP_P = 1e-3       # ... is this unlikely as sampling noise of the groups at the recent level ...
+JUMP_SIGMAS = 4.0   # ... and beyond this many times the share's own recent spread
+JUMP_STEPS = 2      # steps in a row: one odd batch is not a jump
+
+
+def binom_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p) (terms in logs: no overflow for thousands of groups)."""
+    if k <= 0 or p >= 1.0:
+        return 1.0
+    if p <= 0.0 or k > n:
+        return 0.0
+    lp, lq, lfn = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+    logs = (lfn - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq for i in range(k, n + 1))
+    return min(1.0, sum(math.exp(t) for t in logs))
+
+
+def zero_jump(hist: list[float], x: float, groups: int) -> tuple[bool, float, float]:
+    """(jumped, recent level, its spread): the share `x` far above its recent level (the median of
+    `hist`): by JUMP_MIN at least, leaving at most JUMP_SIGNAL of the groups that gave a signal,
+    beyond JUMP_SIGMAS x the recent spread, and with a chance below JUMP_P of coming from `groups`
+    groups sampled at the recent level."""
+    base, spread = robust_level(hist)
+    jumped = (x - base >= JUMP_MIN and 1.0 - x <= JUMP_SIGNAL * (1.0 - base)
+              and x - base > JUMP_SIGMAS * spread
+              and binom_tail(round(x * groups), groups, base) < JUMP_P)
+    return jumped, base, spread
+
+
+def reward_rose(before: list[float], now: list[float], se: float) -> Optional[tuple[float, float]]:
+    """(level before, mean now) when the mean of `now` is above the median of `before` by more
+    than 4 standard errors of that mean (`se`: one step's) and 5% of the scale; else None."""
+    if not before or not now:
+        return None
+    base, cur = statistics.median(before), statistics.fmean(now)
+    margin = max(4 * se / math.sqrt(len(now)), 0.05 * max(abs(base), SWING_FLOOR))
+    return (base, cur) if cur - base > margin else None
+
+
+class ZeroAdvantage(Detector):
+    """The share of groups whose samples all scored the same: rollout/zero_std_frac (every generated
+    group, before dynamic sampling drops any) where logged, else batch/zero_adv_frac (other tools'
+    logs); skipped when neither is logged. A warning when it jumps (`zero_jump`, `JUMP_STEPS`
+    steps in a row: something changed in the run) while the reward did not jump up with it (then
+    the groups score alike because the policy now solves their prompts: an info), or when it stays
+    above `zero_adv_max` for 2 x window steps (the batch teaches almost nothing). One event per
+    episode of either."""
+    name = "zero_advantage"
+
+    def initial(self):
+        return {"armed": True}
+
+    def check(self, mon, step, v, fired):
+        key = next((k for k in ZERO_KEYS if k in v), None)
+        x = v.get(key) if key else None
+        if x is None or not math.isfinite(x):
+            return []
+        h = mon.h
+        hist = mon.recent(key, 2 * h.window)
+        ready = len(hist) >= max(h.window, h.warmup_steps)
+        jumped, base, spread = zero_jump(hist, x, self._groups(mon, v)) if ready else (False, x, 0.0)
+        n_jump = self.sustained("jump", jumped)
+        n_high = self.sustained("high", x > h.zero_adv_max)
+        if not (n_jump or n_high):
+            self.state["armed"] = True
+            return []
+        if not self.state["armed"]:
+            return []
+        if n_jump >= JUMP_STEPS:
+            self.state["armed"] = False
+            rose = self._reward_rose(mon, v, n_jump)
+            if rose:
+                return [self._solved_event(mon, step, x, base, rose, n_jump, key)]
+            return [self._jump_event(mon, step, x, base, spread, n_jump, key)]
+        if n_high >= 2 * h.window:
+            self.state["armed"] = False
+            return [self._high_event(mon, step, x, n_high)]
+        return []
+
+    @staticmethod
+    def _groups(mon, v) -> int:
+        """Groups generated per step: logged with dynamic sampling, else from the recipe."""
+        g = v.get("rollout/groups_generated")
+        r = mon.recipe
+        return round(g) if g is not None and math.isfinite(g) and g >= 1 else r.gen_calls_per_step * r.prompts_per_call
+
+    @staticmethod
+    def _reward_rose(mon, v, n: int) -> Optional[tuple[float, float]]:
+        """The reward of the last `n` steps above its level over the 2 x window steps before."""
+        r = v.get("reward/mean")
+        if not _finite(r):
+            return None
+        w = 2 * mon.h.window
+        hist = mon.recent("reward/mean", w + n - 1)
+        se = mon.reward_se(v)
+        se = step_noise(hist) if se is None else se
+        k = len(hist) - (n - 1)   # the jump's earlier steps are "now" too
+        return reward_rose(hist[:k], hist[k:] + [r], se)
+
+    def _solved_event(self, mon, step, x, base, rose, n, key):
+        ch, lines = A.for_zero_adv_solved(mon.recipe)
+        return Event(step, "zero_advantage", "info",
+                     f"Groups with zero advantage jumped from {base * 100:.0f}% to {x * 100:.0f}% of the batch"
+                     f" (since step {step - n + 1}) while the reward rose {A.fmt(_rd(rose[0], 3))} ->"
+                     f" {A.fmt(_rd(rose[1], 3))}: the policy now solves most of its prompts, the batch teaches"
+                     " little from here",
+                     {"zero_adv_frac": _rd(x), "recent_level": _rd(base), "reward_before": _rd(rose[0]),
+                      "reward_now": _rd(rose[1]), "steps": n, "key": key, "role": "data"}, lines, ch)
+
+    def _jump_event(self, mon, step, x, base, spread, n, key):
+        ch, lines = A.for_zero_adv_jump(mon.recipe)
+        return Event(step, "zero_advantage", "warning",
+                     f"Groups with zero advantage jumped from {base * 100:.0f}% to {x * 100:.0f}% of the batch"
+                     f" (since step {step - n + 1}; recent spread ±{spread * 100:.0f}%): most groups"
+                     " suddenly stopped giving any learning signal",
+                     {"zero_adv_frac": _rd(x), "recent_level": _rd(base), "spread": _rd(spread), "steps": n,
+                      "key": key, "role": "data"}, lines, ch)
+
+    def _high_event(self, mon, step, x, n):
+        ch, lines = A.for_zero_adv(mon.recipe)
+        if getattr(mon.recipe.algorithm, "filter_groups", None) is not None and x < 1:
+            lines.append(f"dynamic sampling (algorithm.filter_groups) generates ~{1 / (1 - x):.1f}x the "
+                         "sequences it trains on at this share")
+        return Event(step, "zero_advantage", "warning",
+                     f"{x * 100:.0f}% of the groups have zero advantage (> {mon.h.zero_adv_max * 100:.0f}%) for {n} steps"
+                     f" (since step {step - n + 1}): the batch teaches almost nothing",
+                     {"zero_adv_frac": _rd(x), "threshold": mon.h.zero_adv_max, "steps": n, "role": "data"}, lines, ch)
