@@ -420,7 +420,7 @@ def test_run_recipe_names_its_source_for_diagnose_patch(finished):
 
     src = recipe_source(finished)
     assert src is not None and src.parent == finished.parent.resolve() and src.is_file()
-    # ... and the command's key=value overrides, which the patched file must carry too
+    # ... and the command's key=value overrides, which diagnose --patch shows (and writes in with --apply-overrides)
     from rltune.commands.diagnose import run_overrides
 
     assert (finished / "recipe.yaml").read_text().splitlines()[1] == "# overrides: trainer.seed=5"

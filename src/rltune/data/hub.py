@@ -7,7 +7,7 @@ configuration; SPLIT a split, with an optional slice (`train[:1000]`, `train+tes
 empty for a dataset without configs: `hf:NAME::test`. Without SPLIT, data.train reads `train` and
 data.eval reads `test`.
 
-The rows then go through the same checks as a data file's (data.datasets.check_rows). A local
+The rows then go through the same checks as a data file's (data.rows.check_rows). A local
 NAME is looked up like a data file: as given, then relative to the recipe's directory.
 `datasets` is imported only when such a source is loaded (`rltune validate` without an hf:
 source never imports it).
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .datasets import DataError, check_rows
+from .rows import DataError, check_rows, missing_file_reason
 
 DEFAULT_SPLIT = {"data.train": "train", "data.eval": "test"}
 CHECK_ROWS = 10_000  # `validate` checks the prompts of at most this many rows (train checks all)
@@ -190,8 +190,6 @@ def load_hf_rows(spec: str, prompt_key: str = "prompt", *, key: str = "data.trai
     src = parse_hf_spec(spec)
     path = _local_path(src.name, base_dir)
     if path is None and _looks_local(src.name):
-        from .datasets import missing_file_reason
-
         looked = "" if Path(src.name).expanduser().is_absolute() else \
             f" (looked in {Path.cwd()}" + (f" and {Path(base_dir).resolve()})" if base_dir else ")")
         raise DataError(f"{spec}: the directory {src.name} {missing_file_reason(Path(src.name).expanduser())}{looked}",

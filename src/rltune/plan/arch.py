@@ -58,6 +58,18 @@ def builtin_config(spec: Optional[str]) -> Optional[dict]:
     return None if cfg is None else dict(cfg, vocab_size=len(SPECIAL) + len(CHARS))
 
 
+def linear_shapes(cfg: dict) -> dict:
+    """(in, out) features of a Llama/Qwen2 decoder layer's linear modules, by module name, from a
+    config.json dict: what LoRA's `all-linear` adapts (PEFT leaves the output head out). Used by
+    the plan (adapter sizes) and by the LoRA lint rules (the rank a layer can hold)."""
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    nh = cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads") or nh
+    hd = cfg.get("head_dim") or h // nh
+    return {"q_proj": (h, nh * hd), "k_proj": (h, nkv * hd), "v_proj": (h, nkv * hd), "o_proj": (nh * hd, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
 @dataclass(frozen=True)
 class Arch:
     """A decoder-only transformer (Llama / Qwen2 / Mistral family) in the numbers the budget needs."""

@@ -14,7 +14,7 @@ Sources:
 
 from __future__ import annotations
 
-from rltune.plan.arch import Arch
+from rltune.plan.arch import Arch, linear_shapes
 
 GiB = 1 << 30
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -170,8 +170,6 @@ def kv_cache_bytes(arch: Arch, seqs: int, seq: int, dtype_bytes: int) -> int:
 def lora_params(arch: Arch, r: int, target_modules, critic: bool = False) -> int:
     """Adapter parameters: r x (in + out) for each targeted linear of each layer (PEFT's A: r x in,
     B: out x r); `all-linear` = q, k, v, o, gate, up, down (the output head is left out)."""
-    from rltune.recipe.rules_lora import linear_shapes
-
     shapes = linear_shapes({"hidden_size": arch.hidden, "intermediate_size": arch.intermediate,
                             "num_attention_heads": arch.heads, "num_key_value_heads": arch.kv_heads,
                             "head_dim": arch.head_dim})

@@ -3,102 +3,45 @@
 Each rule has an id, a default severity, the condition it checks and why (the field evidence).
 A rule function takes the validated Recipe and a Ctx and yields Hits: the dotted key, the
 message with the numbers it saw, and a fix that names the new value.
+
+This module holds the core rules and gathers the others (rules_algo, rules_lora, rules_memory):
+importing it registers every rule in RULES; `run_rules` runs them. The registry, the bounds and
+the shared helpers are in rules_base.py, which the rule modules import (never this module).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
+# the registry, bounds and helpers live in rules_base (the rule modules share them); imported here
+# for the rules below and re-exported for callers of rltune.recipe.rules
+from rltune.recipe.rules_base import (  # noqa: F401
+    ACTOR_LR_RANGE,
+    ACTOR_LR_START,
+    BATCH_RATIO,
+    BATCH_RATIO_ERROR,
+    CLIP_RANGE,
+    CLIP_START,
+    CRITIC_LR_FACTOR,
+    CRITIC_LR_MAX_FACTOR,
+    GRAD_CLIP_MAX,
+    GRAD_CLIP_START,
+    KL_RANGE,
+    KL_START,
+    LORA_LR_FACTOR,
+    LORA_LR_RANGE,
+    LORA_LR_START,
+    RULES,
+    WARMUP_START,
+    Ctx,
+    Hit,
+    Rule,
+    num,
+    rule,
+    token_ppo,
+    world,
+)
 from rltune.recipe.schema import CRITIC_ALGOS, GROUP_ALGOS, Recipe
-
-# playbook bounds (autotune must never move a knob outside them either)
-ACTOR_LR_RANGE = (1e-7, 5e-6)
-ACTOR_LR_START = 1e-6
-CRITIC_LR_FACTOR = 3.0
-CRITIC_LR_MAX_FACTOR = 5.0
-BATCH_RATIO = (4, 8)
-BATCH_RATIO_ERROR = 10
-KL_RANGE = (0.01, 0.1)
-KL_START = 0.05
-CLIP_RANGE = (0.1, 0.3)
-CLIP_START = 0.2
-GRAD_CLIP_MAX = 5.0
-GRAD_CLIP_START = 1.0
-WARMUP_START = 10
-# LoRA (model.lora): the optimal lr is ~10x full fine-tuning's (Schulman & Thinking Machines,
-# "LoRA Without Regret", 2025), so with an adapter the playbook's range moves up 10x
-LORA_LR_FACTOR = 10.0
-LORA_LR_RANGE = (1e-6, 5e-5)            # ACTOR_LR_RANGE x LORA_LR_FACTOR, written out (no float noise)
-LORA_LR_START = 1e-5                     # ACTOR_LR_START x LORA_LR_FACTOR
-
-
-@dataclass
-class Hit:
-    path: str
-    message: str
-    fix: str
-    severity: Optional[str] = None  # None = the rule's default
-
-
-@dataclass(frozen=True)
-class Rule:
-    id: str
-    severity: str
-    condition: str
-    why: str
-    fn: Callable
-
-
-RULES: dict = {}
-
-
-def rule(id: str, severity: str, condition: str, why: str):
-    def deco(fn):
-        RULES[id] = Rule(id, severity, condition, why, fn)
-        return fn
-    return deco
-
-
-class Ctx:
-    """What a rule may ask beyond the recipe: was a key written by the user? On which hardware
-    (`hardware`: an rltune.plan.Hardware from `validate --gpus/--gpu-mem`; None = the recipe's own)?"""
-
-    def __init__(self, result=None, hardware=None):
-        self.result = result
-        self.hardware = hardware
-
-    def user_set(self, recipe: Recipe, path: str) -> bool:
-        if self.result is not None:
-            return self.result.user_set(path)
-        # no load result: fall back to pydantic's fields_set
-        obj = recipe
-        for p in path.split("."):
-            if p not in getattr(obj, "model_fields_set", ()):
-                return False
-            obj = getattr(obj, p)
-        return True
-
-
-def num(x) -> str:
-    """A compact number that round-trips: 3.0e-06, 0.05, 64."""
-    if isinstance(x, bool) or x is None:
-        return str(x)
-    if isinstance(x, int):
-        return str(x)
-    x = float(x)
-    if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
-        for prec in range(1, 8):
-            s = f"{x:.{prec}e}"
-            if abs(float(s) - x) <= 1e-12 * abs(x):
-                return s
-        return f"{x:.8e}"
-    s = f"{x:g}"
-    return s if any(c in s for c in ".en") else s + ".0"
-
-
-def world(r: Recipe) -> int:
-    return r.trainer.nproc * r.trainer.nnodes
 
 
 def _divisors(n: int) -> list[int]:
@@ -330,11 +273,6 @@ def clip_range(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
         elif v > hi:
             yield Hit(path, f"{path} {num(v)} is above [{num(lo)}, {num(hi)}]: one batch can move the policy far, KL and grad-norm spikes follow",
                       f"set {path}: {num(CLIP_START)}")
-
-
-def token_ppo(r: Recipe) -> bool:
-    """The PPO clipped surrogate on per-token ratios (PPO, GRPO, DAPO): what the playbook's clip advice is about."""
-    return r.algorithm.policy_loss == "ppo" and r.algorithm.ratio_level == "token"
 
 
 # ---------------------------------------------------------------- stability

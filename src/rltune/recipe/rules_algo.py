@@ -2,7 +2,7 @@
 ratios (GSPO), clipped importance weights (CISPO) and the soft overlong penalty.
 
 Same shape as rules.py (id, severity, condition, why; a fix that names the new value). The rules
-register in rules.RULES when rules.py imports this module, before its waiver rules.
+register in RULES (rules_base.py) when rules.py imports this module, before its waiver rules.
 
 Papers: DAPO, Yu et al. 2025, arXiv:2503.14476; GSPO, Zheng et al. 2025, arXiv:2507.18071;
 CISPO, MiniMax-M1, arXiv:2506.13585.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from rltune.recipe.rules import RULES, Ctx, Hit, num, rule, token_ppo, world
+from rltune.recipe.rules_base import RULES, Ctx, Hit, num, rule, token_ppo, world
 from rltune.recipe.schema import GROUP_ALGOS, Recipe
 
 GSPO_CLIP = (3e-4, 4e-4)       # GSPO sec. 5.1: left and right clip ranges of the sequence ratio

@@ -2,15 +2,16 @@
 known: `validate --gpus N --gpu-mem SIZE`, the recipe's `hardware` section (hardware presets set
 it), or trainer.device cuda on a machine with a GPU. With no hardware known it says nothing.
 
-Same shape as rules.py; registered in rules.RULES when rules.py imports this module. No torch
-import (except where trainer.device is cuda: `hardware_for` asks torch for the card's memory).
+Same shape as rules.py; registered in RULES (rules_base.py) when rules.py imports this module.
+No torch import (except where trainer.device is cuda: `hardware_for` asks torch for the card's
+memory).
 """
 
 from __future__ import annotations
 
 from typing import Iterator
 
-from rltune.recipe.rules import RULES, Ctx, Hit, rule
+from rltune.recipe.rules_base import RULES, Ctx, Hit, rule
 from rltune.recipe.schema import Recipe
 
 TIGHT = 0.05     # headroom below this share of the card: a warning (allocator fragmentation, CUDA graphs)
