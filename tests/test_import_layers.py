@@ -26,10 +26,6 @@ PKG = SRC / "rltune"
 # cycles that are another change's to break (each entry names what is left to do); remove an entry
 # once its cycle is gone, and the test keeps it from coming back
 PENDING = {
-    frozenset({"rltune.monitor.importers", "rltune.monitor.runlog"}):
-        "monitor/importers.py and monitor/runlog.py import each other",
-    frozenset({"rltune.reward", "rltune.reward.isolate"}):
-        "reward/__init__.py and reward/isolate.py import each other",
     frozenset({"rltune.recipe.rules", "rltune.recipe.rules_lora"}):
         "rules_lora.py still imports its shared names from rules.py (which imports it to register its rules) "
         "instead of rules_base.py, and keeps its own copy of plan.arch.linear_shapes",

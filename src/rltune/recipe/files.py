@@ -103,7 +103,7 @@ def data_problem(spec: str, prompt_key: str, base_dir: Optional[Path], key: str)
 
 def reward_problem(spec: str, base_dir: Optional[Path]) -> Optional[tuple]:
     from rltune.data.datasets import missing_file_reason
-    from rltune.reward import reward_file_path
+    from rltune.reward.functions import reward_file_path
     from rltune.reward.builtins import BUILTIN_REWARDS
 
     if spec.startswith("builtin:"):

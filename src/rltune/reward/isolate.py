@@ -43,7 +43,7 @@ class RemoteRewardError(Exception):
 
 def _worker_main(conn, spec: str, base_dir: Optional[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the trainer's to handle; it stops us
-    from rltune.reward import RewardError, load_reward_function
+    from rltune.reward.functions import RewardError, load_reward_function
 
     try:
         fn = load_reward_function(spec, Path(base_dir) if base_dir else None)
@@ -102,7 +102,7 @@ class IsolatedReward:
 
     # -- worker lifecycle
     def _start(self) -> None:
-        from rltune.reward import RewardError
+        from rltune.reward.functions import RewardError
 
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
