@@ -14,7 +14,10 @@ from recipe_testlib import ROOT, assert_rule_case, MINIMAL, PPO
 from rltune.recipe import RULES, check, list_presets, load_preset, load_recipe
 from rltune.recipe.rules_lora import smallest_target
 
-LORA = "model.lora={r: 8, alpha: 16}"
+# lm_head adapted: the base recipes' builtin:tiny-llama is a random model, whose frozen head all-linear would
+# leave it unable to learn (lora-frozen-head)
+LORA = "model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj, lm_head]}"
+ALL_LINEAR = "model.lora={r: 8, alpha: 16}"
 
 # rule id -> (base, overrides that break it, severity, text the fix must hold, overrides that keep it)
 CASES = [
@@ -37,6 +40,19 @@ CASES = [
      ["model.lora={r: 16, alpha: 64}"]),
     ("lora-alpha", MINIMAL, ["model.lora={r: 32, alpha: 8}"], "info", "scale actor.lr by 8",
      ["model.lora={r: 32, alpha: 16}"]),
+    ("lora-dropout", MINIMAL, ["model.lora={r: 8, alpha: 16, dropout: 0.05, target_modules: [q_proj, lm_head]}"],
+     "warning", "set model.lora.dropout: 0", ["model.lora={r: 8, alpha: 16, dropout: 0.0, target_modules: [q_proj, lm_head]}"]),
+    ("lora-frozen-head", MINIMAL, [ALL_LINEAR], "warning",
+     "set model.lora.target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head]", [LORA]),
+    ("lora-frozen-head", MINIMAL, ["model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj]}"], "warning",
+     "set model.lora.target_modules: [q_proj, v_proj, lm_head]",
+     ["model.lora={r: 8, alpha: 16, target_modules: [q_proj, model.lm_head]}"]),
+    # tied head (tiny-qwen2): the fix says what the merged weights cannot hold
+    ("lora-frozen-head", MINIMAL, ["model.policy=builtin:tiny-qwen2", ALL_LINEAR], "warning",
+     "lm_head] (builtin:tiny-qwen2's head is tied to its embedding", ["model.policy=builtin:tiny-qwen2", LORA]),
+    # a pretrained model's head: all-linear is right
+    ("lora-frozen-head", MINIMAL, [ALL_LINEAR], "warning", "lm_head]",
+     ["model.policy=builtin:smollm2-135m-instruct", ALL_LINEAR, "actor.lr=1e-5"]),
     ("lora-sync-adapter", MINIMAL, [LORA, "rollout.engine=hf", "rollout.lora_sync=adapter"], "info",
      "remove rollout.lora_sync", [LORA, "rollout.engine=hf"]),
     ("lora-sync-adapter", MINIMAL, [LORA, "rollout.engine=vllm", "rollout.lora_sync=adapter", "trainer.device=cpu"],
@@ -131,7 +147,7 @@ def test_preset_shipped_with_its_memory_arithmetic(cli):
     for s in ("159.9M", "2.56 GB", "12.6 GiB", "gradient checkpointing"):
         assert s in text
     p = load_preset("lora-1gpu")
-    assert p["model"]["lora"] == {"r": 64, "alpha": 128, "dropout": 0.05, "target_modules": "all-linear"}
+    assert p["model"]["lora"] == {"r": 64, "alpha": 128, "dropout": 0.0, "target_modules": "all-linear"}
     assert p["trainer"]["precision"] == "bf16" and p["actor"]["gradient_checkpointing"] is True
     assert 1e-5 <= p["actor"]["lr"] <= 5e-5 and p["train"]["micro_batch_size"] <= 2
     code, out = cli("presets", "show", "lora-1gpu")
@@ -152,7 +168,8 @@ def test_preset_validates_clean_under_the_quickstarts(write, base):
 def test_preset_on_a_tiny_model_is_refused_by_rank(write):
     # r 64 on tiny-llama (k_proj 64 -> 32): the preset is for 7B models
     _, f = check(write(MINIMAL + "preset: lora-1gpu\n"))
-    assert [(x.rule, x.severity) for x in f if x.severity != "info"] == [("lora-r-large", "error")]
+    assert sorted((x.rule, x.severity) for x in f if x.severity != "info") == [
+        ("lora-frozen-head", "warning"), ("lora-r-large", "error")]     # and all-linear cannot move a random model
 
 
 def test_quickstart_lora_is_the_quickstart_with_an_adapter():

@@ -9,6 +9,7 @@ without touching the weights.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -39,6 +40,46 @@ class ValueModel(nn.Module):
                                past_key_values=past_key_values,
                                use_cache=past_key_values is not None).last_hidden_state      # (B, L, H)
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)         # (B, L)
+
+
+# float attributes through which HF modules hand a dropout probability to a functional call in
+# train mode (Llama/Qwen2 attention: `dropout=0.0 if not self.training else self.attention_dropout`),
+# and LayerDrop's probability of skipping a whole layer in train mode (OPT, BART, Whisper)
+_DROPOUT_ATTR_ENDS = ("dropout", "dropout_p", "dropout_prob", "dropout_rate", "pdrop", "layerdrop")
+LOG = logging.getLogger("rltune")
+
+
+def disable_dropout(model: nn.Module) -> list[str]:
+    """Every dropout of `model` off, for good: nn.Dropout modules (and their variants) get p = 0,
+    and float attributes that feed a functional dropout (a config's attention_dropout copied into
+    the attention module) are set to 0. Returns what was on ("name.attr p").
+
+    Why: the policy-gradient ratio pi_theta / pi_old must be exactly 1 at theta = theta_old.
+    pi_behaviour (and the reference, the critic's old values) are computed in eval mode, the
+    update's forward in train mode (kept: HF applies gradient checkpointing only in train mode);
+    dropout there makes every ratio noise (LoRA dropout 0.05: per-sequence mean log-ratio std
+    1.4e-3, 44% of sequences clipped by GSPO's 3e-4 range before any weight moved). TRL and verl
+    disable dropout for RL the same way. The models' configs are left as they are (final/ saves them)."""
+    was_on = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            if m.p:
+                was_on.append(f"{name or 'model'} p {m.p:g}")
+                m.p = 0.0
+            continue
+        for attr, value in list(vars(m).items()):
+            if (type(value) is float and value > 0 and attr.lower().endswith(_DROPOUT_ATTR_ENDS)):
+                was_on.append(f"{name + '.' if name else ''}{attr} {value:g}")
+                setattr(m, attr, 0.0)
+    return was_on
+
+
+def _dropout_off(model: nn.Module, role: str) -> None:
+    was_on = disable_dropout(model)
+    if was_on:
+        more = f" (+{len(was_on) - 3} more)" if len(was_on) > 3 else ""
+        LOG.info("%s: dropout turned off (RL forwards run without dropout, so the first update's ratio is 1): %s%s",
+                 role, ", ".join(was_on[:3]), more)
 
 
 def lr_factor(update: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -142,9 +183,13 @@ def build_actor(recipe, device: str, total_updates: int):
     if recipe.actor.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if recipe.model.lora is not None:  # base frozen, only the adapter trains (models/lora.py)
-        from ..models.lora import apply_lora
+        from ..models.lora import LoraError, apply_lora, tied_adapted_layers, tied_message
 
         model = apply_lora(model, recipe.model.lora, task_type="CAUSAL_LM")
+        tied = tied_adapted_layers(model) if recipe.trainer.save_merged else []
+        if tied:   # at start, not after the run (final/merged/ is written last)
+            raise LoraError(tied_message(tied, "trainer.save_merged's merged model"))
+    _dropout_off(model, "actor")
     return _initialize(model, recipe.actor, recipe.trainer.precision, recipe.train.micro_batch_size,
                        device, total_updates)
 
@@ -166,6 +211,7 @@ def build_critic(recipe, device: str, total_updates: int):
             model = ValueModel(backbone)
     else:
         model = ValueModel(backbone)
+    _dropout_off(model, "critic")
     if recipe.critic.gradient_checkpointing:
         backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return _initialize(model, recipe.critic, recipe.trainer.precision, recipe.train.micro_batch_size,

@@ -12,6 +12,9 @@ What LoRA changes in a run, and where it happens:
   weights and adapter point at the actor's own tensors after `sync_weights`; vLLM gets the merged
   weights (`merged_params`: W + scaling * B @ A into new tensors, the actor untouched) under the
   base model's parameter names, through its in-place reload.
+- dropout: none. The adapter is built without it whatever `model.lora.dropout` says (lint
+  `lora-dropout`), like every other dropout of the actor and critic (`engine.roles.disable_dropout`):
+  the update's first forward must reproduce pi_behaviour, which is computed without dropout.
 - checkpoints: DeepSpeed saves the trainable parameters only (`has_frozen`), and loads them
   non-strictly (the frozen base comes from `model.policy` again).
 - final/: the adapter in PEFT format (adapter_config.json, adapter_model.safetensors) and, with
@@ -38,11 +41,14 @@ class LoraError(UserError):
 
 
 def lora_config(cfg, task_type: str | None = None):
-    """PEFT's LoraConfig for the recipe's `model.lora` section."""
+    """PEFT's LoraConfig for the recipe's `model.lora` section. Always without dropout, whatever
+    `model.lora.dropout` says: every RL forward runs without dropout (`engine.roles.disable_dropout`;
+    lint `lora-dropout`), so that the update's first forward at theta = theta_old reproduces
+    pi_behaviour and the ratio is exactly 1."""
     from peft import LoraConfig
 
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
-    return LoraConfig(r=int(cfg.r), lora_alpha=float(cfg.alpha), lora_dropout=float(cfg.dropout),
+    return LoraConfig(r=int(cfg.r), lora_alpha=float(cfg.alpha), lora_dropout=0.0,
                       target_modules=targets, bias=cfg.bias, task_type=task_type)
 
 
@@ -216,6 +222,9 @@ def merged_params(engine) -> Iterator[tuple[str, "object"]]:
     base = peft_model.get_base_model()
     adapter = peft_model.active_adapter
     zero3 = is_zero3(engine)
+    tied = tied_adapted_layers(peft_model)
+    if tied:
+        raise LoraError(tied_message(tied, "the merged weights (vLLM's rollout.lora_sync: merged, trainer.save_merged)"))
     seen: set[int] = set()
     lora_prefixes: list[str] = []
     for mod_name, mod in base.named_modules():
@@ -245,6 +254,34 @@ def merged_params(engine) -> Iterator[tuple[str, "object"]]:
             for pname, p in own:
                 seen.add(id(p))
                 yield (f"{mod_name}.{pname}" if mod_name else pname), (p.detach().clone() if zero3 else p.detach())
+
+
+def tied_adapted_layers(engine_or_module) -> list[str]:
+    """Adapted layers whose weight is tied to another module's (lm_head in `target_modules` of a
+    model with tie_word_embeddings): their merged weight W + BA cannot be written back, since the
+    same tensor is also the input embedding, which the adapter does not change."""
+    from peft.tuners.lora import LoraLayer
+
+    module = _module(engine_or_module)
+    owners: dict[int, int] = {}
+    for _, p in module.named_parameters(remove_duplicate=False):
+        owners[id(p)] = owners.get(id(p), 0) + 1
+    out = []
+    for name, m in module.named_modules():
+        if isinstance(m, LoraLayer):
+            w = getattr(m.get_base_layer(), "weight", None)
+            if w is not None and owners.get(id(w), 0) > 1:
+                out.append(hf_rollout_name(name))
+    return out
+
+
+def tied_message(tied: list[str], what: str) -> str:
+    short = sorted({n.rsplit(".", 1)[-1] for n in tied})
+    return (f"model.lora.target_modules adapts {', '.join(tied)}, whose weight is tied to the input embedding "
+            f"(tie_word_embeddings): {what} cannot hold it (the merged head would have to differ from the "
+            f"embedding it shares its tensor with)\n"
+            f"  fix: leave {', '.join(short)} out of model.lora.target_modules, or use rollout.engine: hf "
+            f"(it samples with the adapter itself) and trainer.save_merged: false")
 
 
 def _gathered(params, zero3: bool):
@@ -363,6 +400,8 @@ def startup_line(c) -> str:
            else "a full copy" if c.reference is not None else "none")
     targets = lora.target_modules if isinstance(lora.target_modules, str) else ",".join(lora.target_modules)
     sync = "shared adapter tensors" if c.rollout.name == "hf" else f"{c.recipe.rollout.lora_sync} weights"
+    unused = (f"; model.lora.dropout {lora.dropout:g} unused: RL forwards run without dropout (lint lora-dropout)"
+              if lora.dropout > 0 else "")
     return (f"LoRA: r {lora.r}, alpha {lora.alpha:g} (scale {lora.alpha / lora.r:g}), targets {targets}; actor trains "
             f"{trainable:,} of {total:,} parameters ({100.0 * trainable / max(total, 1):.2f}%); reference: {ref}; "
-            f"rollout sync: {sync}")
+            f"rollout sync: {sync}{unused}")

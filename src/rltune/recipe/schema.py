@@ -37,7 +37,7 @@ def F(default, description: str, **kw):
 class LoraCfg(Section):
     r: int = F(16, "LoRA rank of each adapted weight.", ge=1, le=4096)
     alpha: float = F(32.0, "LoRA alpha: the adapter's output is scaled by alpha / r.", gt=0, le=1e6)
-    dropout: float = F(0.0, "Dropout on the adapter's input (training passes only).", ge=0, lt=1)
+    dropout: float = F(0.0, "Unused (accepted for PEFT-style configs): every RL forward runs without dropout, so the first update's ratio is exactly 1; lint lora-dropout warns above 0.", ge=0, lt=1)
     target_modules: Union[Literal["all-linear"], list[str]] = F(
         "all-linear", "Modules that get an adapter: all-linear (every linear layer but the output head) or a list of module names, e.g. [q_proj, v_proj]; a name that matches nothing stops the run at start with the names that exist.")
     bias: Literal["none", "all", "lora_only"] = F("none", "Which biases train: none, all, or only those of adapted modules.")
@@ -213,7 +213,7 @@ class TrainCfg(Section):
 
 class TrainerCfg(Section):
     output_dir: str = F("runs/rltune", "Run directory: metrics, events, checkpoints, final model.")
-    max_steps: int = F(100, "Training steps (one step = one batch of experience, then updates).", ge=1, le=10_000_000)
+    max_steps: int = F(100, "Training steps of progress (one step = one batch of experience, then updates); steps undone by a rollback are redone.", ge=1, le=10_000_000)
     seed: Optional[int] = F(42, "Seed for python, numpy, torch and the sampler; None = drawn once on rank 0 and shared by all ranks (not reproducible).", ge=0, le=2**32 - 1)
     precision: Literal["fp32", "bf16", "fp16"] = F("fp32", "Training precision (fp16 is discouraged: spikes).")
     save_every: int = F(0, "Checkpoint every N steps; 0 = only at the end and on interrupt.", ge=0, le=10_000_000)
@@ -251,7 +251,7 @@ class HealthCfg(Section):
     kl_spike_factor: float = F(10.0, "KL spike: a value this many times its running max.", gt=1, le=1e6)
     kl_spike_min: float = F(0.3, "KL spike: ignore values below this.", ge=0, le=1000)
     grad_spike_factor: float = F(10.0, "Grad-norm spike: this many times its running median.", gt=1, le=1e6)
-    clip_long_steps: int = F(200, "Gradient clipping on >= 90% of this many steps in a row is a warning (shorter: an info).", ge=2, le=10_000_000)
+    clip_long_steps: int = F(200, "Gradient clipping on >= 90% of this many steps in a row is reported: an info alone, a warning with harm (loss or KL rising, a spike, the reward falling).", ge=2, le=10_000_000)
     collapse_drop: float = F(0.3, "Reward collapse: drop from the peak, relative to the rise.", gt=0, le=10)
     entropy_floor: float = F(0.05, "Entropy collapse below this (nats/token).", ge=0, le=100)
     length_collapse: float = F(0.3, "Response length below this fraction of its start.", gt=0, lt=1)
@@ -259,7 +259,7 @@ class HealthCfg(Section):
     length_growth: float = F(3.0, "Mean response length above this many times its start is a runaway.", gt=1, le=1e6)
     sync_ms: Optional[float] = F(None, "Rollout weight sync (resharding) slower than this (ms); None = 200 ms (playbook, 7B) x max(1, size / 7B); models under 1B: max(200 ms, 5x the run's own early syncs).", gt=0, le=1e7)
     is_weight_max: float = F(10.0, "Importance-ratio extreme: rollout/is_weight_max above this (and 5x its running median) 2 steps in a row.", gt=1, le=1e12)
-    zero_adv_max: float = F(0.95, "Share of zero-advantage groups (batch/zero_adv_frac) above this for 2 x window steps: the batch teaches almost nothing.", gt=0, le=1)
+    zero_adv_max: float = F(0.95, "Share of zero-advantage groups (batch/zero_adv_frac or rollout/zero_std_frac) above this for 2 x window steps: the batch teaches almost nothing (a sudden jump is flagged sooner).", gt=0, le=1)
     clipfrac_max: float = F(0.3, "actor/clipfrac above this and 3x its start, for window steps: the update runs away from the rollout policy.", gt=0, le=1)
     logprob_drift: float = F(3.0, "Rollout/trainer log-prob mismatch growing: rollout/logprob_diff_mean over a window this many times its start (and above half rollout.logprob_tolerance).", gt=1, le=1e6)
     max_skipped_steps: int = F(3, "Consecutive non-finite steps before the run stops.", ge=1, le=1000)
@@ -270,7 +270,7 @@ class AutotuneCfg(Section):
     mode: Literal["act", "advise"] = F("act", "act: change knobs; advise: only log what it would change.")
     cooldown: int = F(5, "Steps between two spike fixes.", ge=0, le=100000)
     window: int = F(3, "Steps per window for the stage transitions.", ge=1, le=100000)
-    rollback: bool = F(False, "mode act: on a hard spike (kl_spike/grad_spike more than rollback_factor x its recent max, an entropy_collapse, or max_skipped_steps - 1 non-finite steps in a row) restore the last good checkpoint, apply the spike fix, skip the batch, continue.")
+    rollback: bool = F(False, "mode act: on a hard spike (kl_spike/grad_spike more than rollback_factor x its recent max, an entropy_collapse, or max_skipped_steps - 1 non-finite steps in a row) restore the last good checkpoint (the step counter goes back to it), apply the spike fix, skip the batch, continue.")
     rollback_every: int = F(5, "With rollback: save a checkpoint every N steps at which no warning fired (the rollback target).", ge=1, le=10_000_000)
     rollback_factor: float = F(20.0, "A kl_spike/grad_spike is hard (rolls back) when its value is more than this many times its recent max.", gt=1, le=1e6)
     max_rollbacks: int = F(2, "Most rollbacks per run (counted across resumes); later hard spikes get the ordinary spike fix.", ge=0, le=1000)
