@@ -43,8 +43,10 @@ def run(args: List[str], overrides: List[str], *, gpus: Optional[int] = None, gp
         return _err(f"unknown --format {fmt!r}; use text or json")
     if device not in (None, "cpu", "cuda"):
         return _err(f"unknown --device {device!r}; use cpu or cuda")
-    if gpus is not None and gpus < 1:
-        return _err(f"--gpus {gpus}: must be at least 1")
+    from rltune.plan import MAX_GPUS
+
+    if gpus is not None and not 1 <= gpus <= MAX_GPUS:
+        return _err(f"--gpus {gpus}: must be from 1 to {MAX_GPUS:,}")
     files, trailing = split_args(args)
     if len(files) != 1:
         return _err("give one recipe file\n  fix: rltune plan recipes/quickstart.yaml [key=value ...] "
@@ -74,7 +76,7 @@ def run(args: List[str], overrides: List[str], *, gpus: Optional[int] = None, gp
         return _err(f"--gpu-mem: {e}")
     try:
         plan = estimate(recipe, hw)
-    except ArchUnknown as e:
+    except ArchUnknown as e:     # and ConfigError: a model's config.json is unusable (file, field, fix)
         return _err(str(e))
     plan.notes = notes + plan.notes
     if fmt == "json":

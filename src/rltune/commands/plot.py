@@ -64,8 +64,8 @@ def _stage_bands(log):
     bands, cur, start = [], None, None
     last = None
     for step, s in zip(*log.series("autotune/stage")):
-        if not math.isfinite(s):
-            continue
+        if not math.isfinite(s) or s != int(s) or int(s) not in STAGE_NAME:
+            continue   # a stage rltune does not have (a log someone sent): no band
         s = int(s)
         if s != cur:
             if cur:

@@ -132,9 +132,12 @@ def run(args: List[str], overrides: List[str], *, strict: bool = False, fmt: str
     if fmt not in FORMATS:
         print(f"rltune validate: unknown --format {fmt!r}; use one of: {', '.join(FORMATS)}", file=sys.stderr)
         return 2
-    if gpus is not None and gpus < 1:
-        print(f"rltune validate: --gpus {gpus}: must be at least 1", file=sys.stderr)
-        return 2
+    if gpus is not None:
+        from rltune.plan import MAX_GPUS
+
+        if not 1 <= gpus <= MAX_GPUS:
+            print(f"rltune validate: --gpus {gpus}: must be from 1 to {MAX_GPUS:,}", file=sys.stderr)
+            return 2
     if gpu_mem is not None:
         from rltune.plan import parse_size
 

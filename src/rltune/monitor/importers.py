@@ -95,7 +95,7 @@ def _dict_line(s: str) -> Optional[dict]:
     try:
         d = json.loads(body)
         return d if isinstance(d, dict) else None
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     keys = list(_KEY.finditer(body))
     out = {}
@@ -139,25 +139,40 @@ def _tqdm_segment(s: str) -> Optional[tuple[str, dict]]:
     return (desc, out) if out else None
 
 
+MAX_SEGMENT = 1 << 20   # a log line (or a tqdm redraw) is short; a longer run of bytes is skipped
+
+
 def _segments(path: Path, max_bytes: Optional[int] = None, block: int = 1 << 20) -> Iterator[str]:
-    """The file's lines, split at \\n and at \\r (tqdm redraws a bar in place), read by blocks: a
-    progress-bar log without newlines never becomes one string."""
-    rest = b""
-    done = 0
+    """The file's lines, split at \\n and at \\r (tqdm redraws a bar in place), read by blocks.
+    Only the new block is searched for a break, and a segment longer than MAX_SEGMENT is
+    dropped as it grows: a log without newlines is read in linear time and bounded memory."""
+    pending: list[bytes] = []       # the current segment's pieces, from earlier blocks
+    pending_len, skipping, done = 0, False, 0
     with open(path, "rb") as f:
         while True:
             chunk = f.read(block)
             if not chunk:
                 break
             done += len(chunk)
-            parts = re.split(rb"[\r\n]", rest + chunk)
-            rest = parts.pop()
-            for p in parts:
-                yield p.decode("utf-8", errors="replace")
+            parts = _BREAK.split(chunk)
+            for p in parts[:-1]:     # each of these ends a segment
+                if not skipping:
+                    yield b"".join(pending + [p]).decode("utf-8", errors="replace")
+                pending, pending_len, skipping = [], 0, False
+            tail = parts[-1]
+            if not skipping:
+                pending.append(tail)
+                pending_len += len(tail)
+                if pending_len > MAX_SEGMENT:
+                    pending, pending_len, skipping = [], 0, True
             if max_bytes is not None and done >= max_bytes:
                 return   # a sample: the partial last line is left out
-    if rest:
-        yield rest.decode("utf-8", errors="replace")
+    last = b"".join(pending)
+    if last and not skipping:
+        yield last.decode("utf-8", errors="replace")
+
+
+_BREAK = re.compile(rb"[\r\n]")
 
 
 def iter_records(path: Path, max_bytes: Optional[int] = None) -> Iterator[tuple[str, dict]]:
@@ -167,10 +182,10 @@ def iter_records(path: Path, max_bytes: Optional[int] = None) -> Iterator[tuple[
         head = f.read(1)
         while head and head.isspace():
             head = f.read(1)
-    if path.suffix == ".json" or (head == b"[" and path.stat().st_size < (64 << 20)):
+    if (path.suffix == ".json" or head == b"[") and path.stat().st_size < (64 << 20):
         try:
             doc = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-        except ValueError:
+        except (ValueError, RecursionError):
             doc = None
         if doc is not None:
             recs = doc.get("log_history") if isinstance(doc, dict) else doc
@@ -189,7 +204,7 @@ def iter_records(path: Path, max_bytes: Optional[int] = None) -> Iterator[tuple[
         if s[0] == "{" and s[-1] == "}":
             try:
                 d = json.loads(s)
-            except ValueError:
+            except (ValueError, RecursionError):
                 d = None
             if isinstance(d, dict):
                 if isinstance(d.get("data"), dict):   # verl's file logger

@@ -7,8 +7,8 @@ import errno
 import json
 import math
 import os
+import stat
 from array import array
-from itertools import compress
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -37,23 +37,35 @@ def parse_maps(maps=(), source: Optional[str] = None) -> dict[str, list[tuple[st
     return out
 
 
-_MISSING = float("nan")   # a step that did not log a key (its `present` byte is 0)
-_BIG = 1e308              # ints beyond float range are not metrics
+_MISSING = float("nan")   # a gap in a series
+_BIG = 1e100              # |values| beyond this are no metric: read as +-inf (a log someone sent may hold
+                          # 1e308, whose sums and squares overflow the statistics)
+MAX_LINE = 8 << 20        # a metrics line is a few KB; longer ones are skipped, never held whole
+
+
+def _value(v) -> Optional[float]:
+    """A JSON value as a metric: floats and ints (not bools); beyond +-_BIG as +-inf; else None."""
+    if type(v) is float:
+        return v if -_BIG <= v <= _BIG or v != v else math.copysign(math.inf, v)
+    if type(v) is int:
+        return float(v) if -_BIG <= v <= _BIG else math.copysign(math.inf, v)
+    return None
 
 
 class RunLog:
-    """A run's metrics, one row per step, sorted by step, stored by column.
+    """A run's metrics, one row per step, sorted by step, stored by column, sparsely.
 
-    A 200 MB metrics.jsonl has ~200k rows of ~40 numbers: as dicts that is gigabytes, as columns
-    (`array('d')` per key plus a bytearray saying which steps logged it) ~70 MB. Only numbers are
-    kept (what the detectors and the plot read). `iter_rows()` rebuilds one dict at a time."""
+    A 200 MB metrics.jsonl has ~200k rows of ~40 numbers: as dicts that is gigabytes. Each key
+    keeps the row positions that logged it and their values (`array`s), so memory and time are
+    linear in the numbers the file holds, also for a log whose keys change from row to row (a
+    dense table per key was quadratic there). Only numbers are kept (what the detectors and the
+    plot read). `iter_rows()` rebuilds one dict at a time."""
 
-    def __init__(self, path: Path, steps: array, columns: dict[str, array], present: dict[str, bytearray],
+    def __init__(self, path: Path, steps: array, columns: dict[str, tuple[array, array]],
                  notes: Optional[list[str]] = None):
         self.path = path
         self._steps = steps
-        self._cols = columns
-        self._present = present
+        self._cols = columns          # key -> (row positions, ascending; values)
         self.notes = notes if notes is not None else []
 
     def __len__(self) -> int:
@@ -68,28 +80,36 @@ class RunLog:
         return list(self._cols)
 
     def has(self, key: str) -> bool:
-        p = self._present.get(key)
-        return p is not None and 1 in p
+        return key in self._cols and len(self._cols[key][0]) > 0
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of the steps that logged `key`; non-finite values as NaN."""
         if key not in self._cols:
             return [], []
-        fin = math.isfinite
-        return (list(compress(self._steps, self._present[key])),
-                [v if fin(v) else _MISSING for v in compress(self._cols[key], self._present[key])])
+        idx, vals = self._cols[key]
+        fin, steps = math.isfinite, self._steps
+        return [steps[i] for i in idx], [v if fin(v) else _MISSING for v in vals]
 
     def values(self, key: str) -> list[float]:
         """The logged values of `key` as they are (inf stays inf)."""
-        return list(compress(self._cols[key], self._present[key])) if key in self._cols else []
+        return list(self._cols[key][1]) if key in self._cols else []
 
     def iter_rows(self) -> Iterator[dict]:
-        items = [(k, self._cols[k], self._present[k]) for k in self._cols]
+        # one cursor per key that still has entries: each entry is visited once
+        cursors = [(k, idx, vals) for k, (idx, vals) in self._cols.items() if len(idx)]
+        pos = {k: 0 for k, _, _ in cursors}
+        by_row: dict[int, list] = {}
+        for k, idx, _ in cursors:
+            by_row.setdefault(idx[0], []).append(k)
         for i, s in enumerate(self._steps):
             row = {"step": s}
-            for k, col, pres in items:
-                if pres[i]:
-                    row[k] = col[i]
+            for k in by_row.pop(i, ()):
+                idx, vals = self._cols[k]
+                j = pos[k]
+                row[k] = vals[j]
+                pos[k] = j + 1
+                if j + 1 < len(idx):
+                    by_row.setdefault(idx[j + 1], []).append(k)
             yield row
 
     @property
@@ -99,13 +119,15 @@ class RunLog:
 
 
 class _Table:
-    """Builds a RunLog row by row; a repeated step merges into the earlier row (the last value wins)."""
+    """Builds a RunLog row by row; a repeated step merges into the earlier row (the last value wins).
+    Entries are kept as (row, key, value) triples: linear in what the file holds."""
 
     def __init__(self, mapping: Optional[dict]):
         self.mapping = mapping or {}
         self.steps = array("q")
         self.index: dict[int, int] = {}
-        self.cols: dict[str, tuple[array, bytearray]] = {}   # key -> (values, present)
+        self.key_ids: dict[str, int] = {}
+        self.e_row, self.e_key, self.e_val = array("q"), array("q"), array("d")
         self.max_step: Optional[int] = None
         self.ordered = True
         self.dup = 0
@@ -118,9 +140,11 @@ class _Table:
             if not any(k in d for k in self.mapping):
                 return   # e.g. a trainer's end-of-run summary line
         s = d.get("step")
-        # numbers as json gives them (a bool is not one; an int beyond float range is dropped)
-        nums = {k: v for k, v in d.items() if type(v) is float or (type(v) is int and -_BIG < v < _BIG)}
-        nums.pop("step", None)
+        nums = {}
+        for k, v in d.items():
+            x = _value(v)
+            if x is not None and k != "step" and isinstance(k, str):
+                nums[k] = x
         if not nums:
             return
         if not is_num(s) or not -2**62 < s < 2**62:   # no step (or NaN, inf, absurd): the next one
@@ -134,37 +158,37 @@ class _Table:
                 self.ordered = False
             self.max_step = s if self.max_step is None else max(self.max_step, s)
             self.steps.append(s)
-            take = nums.pop
-            for k, (col, pres) in self.cols.items():   # usually the same keys as the rows before
-                v = take(k, None)
-                if v is None:
-                    col.append(_MISSING)
-                    pres.append(0)
-                else:
-                    col.append(v)
-                    pres.append(1)
         else:
             self.dup += 1
-        n = len(self.steps)
-        for k, v in nums.items():   # new keys, or a repeated step
-            if k not in self.cols:
-                self.cols[k] = (array("d", [_MISSING]) * n, bytearray(n))
-            col, pres = self.cols[k]
-            col[i] = v
-            pres[i] = 1
+        ids = self.key_ids
+        for k, v in nums.items():
+            kid = ids.get(k)
+            if kid is None:
+                kid = ids[k] = len(ids)
+            self.e_row.append(i)
+            self.e_key.append(kid)
+            self.e_val.append(v)
 
     def finish(self, path: Path, notes: list[str]) -> RunLog:
         steps = self.steps
-        cols = {k: c for k, (c, _) in self.cols.items()}
-        present = {k: p for k, (_, p) in self.cols.items()}
+        rank = list(range(len(steps)))                     # row position -> its place in step order
         if not self.ordered:
             order = sorted(range(len(steps)), key=steps.__getitem__)
             steps = array("q", (steps[i] for i in order))
-            cols = {k: array("d", (c[i] for i in order)) for k, c in cols.items()}
-            present = {k: bytearray(p[i] for i in order) for k, p in present.items()}
+            for new, old in enumerate(order):
+                rank[old] = new
+        # entries grouped by key, in step order; a repeated (row, key) keeps its last value
+        names = list(self.key_ids)
+        per_key: list[dict[int, float]] = [{} for _ in names]
+        for r, k, v in zip(self.e_row, self.e_key, self.e_val):
+            per_key[k][rank[r]] = v
+        cols = {}
+        for name, entries in zip(names, per_key):
+            idx = sorted(entries)
+            cols[name] = (array("q", idx), array("d", (entries[i] for i in idx)))
         if self.dup:
             notes.append(f"{self.dup} repeated step(s) merged (a resumed run appends; the last value wins)")
-        return RunLog(path, steps, cols, present, notes)
+        return RunLog(path, steps, cols, notes)
 
 
 def path_problem(p: Path) -> Optional[str]:
@@ -192,12 +216,24 @@ def metrics_path(run_dir) -> Path:
     if p.is_dir():
         for name in ("metrics.jsonl", "trainer_state.json"):
             if (p / name).exists():
-                return p / name
+                return regular_file(p / name)
             problem = path_problem(p / name) if os.path.lexists(p / name) else None
             if problem:
                 raise RunLogError(problem)
         raise RunLogError(f"{p}: no metrics.jsonl in this directory (rltune train writes RUN_DIR/metrics.jsonl;"
                           " point at another tool's log file with --from trl|verl|openrlhf)")
+    return regular_file(p)
+
+
+def regular_file(p: Path) -> Path:
+    """`p` when it is a regular file (a link to one is fine); a device, FIFO or socket behind the
+    name (e.g. a metrics.jsonl -> /dev/zero in a run directory someone sent) is refused."""
+    try:
+        mode = os.stat(p).st_mode
+    except OSError as e:
+        raise RunLogError(path_problem(p) or f"{p}: cannot read: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise RunLogError(f"{p}: not a regular file (a device, a pipe or a socket); rltune reads logs from files")
     return p
 
 
@@ -207,10 +243,27 @@ def _parse_line(raw: bytes):
     except UnicodeDecodeError:   # a stray non-UTF-8 byte: read the rest of the line
         try:
             return json.loads(raw.decode("utf-8", errors="replace"))
-        except ValueError:
+        except (ValueError, RecursionError):
             return _BAD
-    except ValueError:
+    except (ValueError, RecursionError):   # RecursionError: a crafted, deeply nested line
         return _BAD
+
+
+def bounded_lines(f, limit: int = MAX_LINE) -> Iterator[tuple[bytes, bool]]:
+    """(line, whole) for each line of binary file `f`, never holding more than `limit` bytes of
+    one: a longer line comes back once, cut (whole False), and the rest of it is skipped."""
+    while True:
+        raw = f.readline(limit)
+        if not raw:
+            return
+        if len(raw) == limit and not raw.endswith(b"\n"):
+            while True:   # skip to the end of this line
+                more = f.readline(limit)
+                if not more or more.endswith(b"\n"):
+                    break
+            yield raw, False
+            continue
+        yield raw, True
 
 
 _BAD = object()
@@ -234,13 +287,13 @@ def read_metrics(run_dir, mapping: Optional[dict] = None) -> RunLog:
             bad: list[int] = []        # line numbers that are not a JSON object
             pending: Optional[int] = None   # the last bad line, until a good one follows it
             with open(path, "rb") as f:
-                for i, raw in enumerate(f, 1):
+                for i, (raw, whole) in enumerate(bounded_lines(f), 1):
                     if not raw.strip():
                         continue
                     if pending is not None:
                         bad.append(pending)
                         pending = None
-                    d = _parse_line(raw)
+                    d = _parse_line(raw) if whole else _BAD
                     if isinstance(d, dict):
                         table.add(d)
                     else:
@@ -259,9 +312,17 @@ def read_metrics(run_dir, mapping: Optional[dict] = None) -> RunLog:
     return table.finish(path, notes)
 
 
+MAX_JSON_DOC = 256 << 20   # a trainer_state.json: one document, read whole
+
+
 def _read_json_doc(path: Path, table: _Table) -> None:
+    size = path.stat().st_size
+    if size > MAX_JSON_DOC:
+        raise RunLogError(f"{path}: {size} bytes is more than a trainer_state.json holds ({MAX_JSON_DOC})")
     try:
         doc = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except RecursionError:
+        raise RunLogError(f"{path}: not a metrics document (JSON nested too deeply)") from None
     except ValueError as e:
         raise RunLogError(f"{path}: not valid JSON ({e})") from None
     if isinstance(doc, dict) and isinstance(doc.get("log_history"), list):   # TRL/HF trainer_state.json
@@ -275,17 +336,40 @@ def _read_json_doc(path: Path, table: _Table) -> None:
             table.add(d)
 
 
+SEVERITIES = ("info", "warning", "error")
+
+
+def _event(d) -> Optional[dict]:
+    """An events.jsonl record as the readers use it, or None: an int step, a kind, a severity,
+    a message; `numbers`/`changes` dicts. A file someone sent may hold anything."""
+    if not isinstance(d, dict):
+        return None
+    step, kind = d.get("step"), d.get("kind")
+    if type(step) is not int or not isinstance(kind, str) or not kind or d.get("severity") not in SEVERITIES:
+        return None
+    out = dict(d)
+    out["message"] = d["message"] if isinstance(d.get("message"), str) else ""
+    for key in ("numbers", "changes"):
+        if key in out and not isinstance(out[key], dict):
+            out.pop(key)
+    return out
+
+
 def read_events(run_dir) -> list[dict]:
-    """events.jsonl (next to the metrics), read one line at a time."""
+    """events.jsonl (next to the metrics), read one line at a time; malformed records skipped."""
     p = Path(run_dir)
     p = p / "events.jsonl" if p.is_dir() else p.parent / "events.jsonl"
     out = []
-    if p.is_file():
+    try:
+        if not p.is_file():
+            return out
         with open(p, "rb") as f:
-            for raw in f:
-                d = _parse_line(raw) if raw.strip() else None
-                if isinstance(d, dict) and "step" in d:
-                    out.append(d)
+            for raw, whole in bounded_lines(f):
+                e = _event(_parse_line(raw)) if whole and raw.strip() else None
+                if e is not None:
+                    out.append(e)
+    except OSError:
+        return out
     return out
 
 
@@ -299,9 +383,11 @@ def load_recipe(run_dir, log=None):
     p = Path(run_dir)
     rp = p / "recipe.yaml" if p.is_dir() else p.parent / "recipe.yaml"
     if rp.exists():
-        import yaml
+        from rltune.recipe.yamlio import parse_yaml, read_yaml_text
         try:
-            raw = yaml.safe_load(rp.read_text(encoding="utf-8"))
+            regular_file(rp)
+            # size-capped, alias bombs refused before expansion, no custom tags: a sent run's recipe is data
+            raw, _ = parse_yaml(read_yaml_text(rp, str(rp)), str(rp))
             return Recipe.model_validate(raw), raw, notes
         except Exception as e:  # noqa: BLE001 - any problem: fall back, say so
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -8,22 +8,28 @@ Public API (no torch, transformers or deepspeed import; formulas and sources in 
     hardware_for(recipe, gpus=None, gpu_mem=None, device=None) -> Hardware | None
     parse_size("80GB") -> bytes       # GB and GiB both mean 2^30 bytes (see parse_size)
     ArchUnknown                       # the policy's size cannot be known without loading it
+    ConfigError(ArchUnknown)          # a model's config.json is there but unusable (names file, field, fix)
+    check_model_configs(recipe)       # read and check every model's config.json (raises ConfigError)
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Optional
 
-from rltune.plan.arch import Arch, ArchUnknown, resolve_arch  # noqa: F401
+from rltune.plan.arch import Arch, ArchUnknown, ConfigError, resolve_arch  # noqa: F401
 from rltune.plan.estimate import PHASES, Hardware, Item, Plan  # noqa: F401
 from rltune.plan.estimate import estimate as _estimate_only
 
-__all__ = ["Arch", "ArchUnknown", "Hardware", "Item", "Plan", "PHASES", "estimate", "hardware_for",
-           "parse_size", "resolve_arch"]
+__all__ = ["Arch", "ArchUnknown", "ConfigError", "Hardware", "Item", "Plan", "PHASES", "check_model_configs",
+           "estimate", "hardware_for", "parse_size", "resolve_arch", "MAX_GPUS"]
 
 _UNITS = {"": 1 << 30, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# a card's memory above this (1 PiB) is a typo, and --gpus above MAX_GPUS too
+MAX_SIZE = 1 << 50
+MAX_GPUS = 1 << 16
 
 
 def parse_size(s) -> int:
@@ -31,17 +37,44 @@ def parse_size(s) -> int:
 
     GB and GiB both mean 2^30 bytes here: GPU memory is sold in binary units (an "80GB" A100 has
     81920 MiB, a "24GB" card 24576 MiB), so `--gpu-mem 80GB` is what the card's name says. A bare
-    number is GiB; `B` alone is bytes. Raises ValueError with the accepted forms."""
+    number is GiB; `B` alone is bytes. Raises ValueError with the accepted forms (and for a size
+    that is not positive, or over 1 PiB: `1e999GB` is not a card)."""
     text = str(s).strip()
     m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([kKmMgGtT]?)([iI]?[bB])?", text)
     if m is None or (not m.group(2) and m.group(3) and m.group(3).lower() != "b"):
         raise ValueError(f"cannot read the size {s!r}: use e.g. 80GB, 80GiB, 24576MiB or 80 (GiB)")
     number, prefix, suffix = m.groups()
     mult = 1 if (suffix and not prefix) else _UNITS[prefix.lower()]   # "1073741824B": bytes
-    value = int(float(number) * mult)
+    amount = float(number) * mult
+    if not math.isfinite(amount) or amount > MAX_SIZE:
+        raise ValueError(f"size {s!r} is too large: a GPU's memory is at most {MAX_SIZE >> 30:,} GiB here "
+                         "(use e.g. 80GB)")
+    value = int(amount)
     if value <= 0:
         raise ValueError(f"size {s!r} must be positive")
     return value
+
+
+def check_model_configs(recipe) -> None:
+    """Read and check the config.json of every model the recipe uses (model.policy, the critic of an
+    algorithm that has one, model.reference, reward.model), as `plan` does, before anything heavy
+    is built: raises ConfigError (file, field, fix) for one that is there but unusable. A model
+    whose size is merely unknown to the plan (a hub id not cached, another architecture, an MoE
+    layout the plan does not size) passes: loading it is transformers' business."""
+    specs = [("model.policy", recipe.model.policy)]
+    if recipe.has_critic and recipe.model.critic:
+        specs.append(("model.critic", recipe.model.critic))
+    if recipe.model.reference:
+        specs.append(("model.reference", recipe.model.reference))
+    if recipe.reward.model:
+        specs.append(("reward.model", recipe.reward.model))
+    for key, spec in specs:
+        try:
+            resolve_arch(spec, key)
+        except ConfigError:
+            raise
+        except ArchUnknown:
+            pass
 
 
 def estimate(recipe, hw: Hardware) -> Plan:

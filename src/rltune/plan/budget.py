@@ -14,7 +14,7 @@ Sources:
 
 from __future__ import annotations
 
-from rltune.plan.arch import Arch, linear_shapes
+from rltune.plan.arch import Arch
 
 GiB = 1 << 30
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -79,32 +79,59 @@ def kv_width(arch: Arch, attn: str) -> int:
     return arch.kv_dim if attn == "flash_attention_2" else arch.q_dim
 
 
-def layer_activation_elems(arch: Arch, attn: str = "sdpa", seq: int = 0) -> int:
+def mlp_activation_elems(arch: Arch, sparse: bool = False) -> int:
+    """Values a layer's MLP keeps per token for its backward pass. Dense (SwiGLU): gate, silu(gate),
+    up and their product (down_proj's input), 4i. A mixture-of-experts block (transformers'
+    MixtralExperts / Qwen2MoeExperts loop): for each of the k experts a token is routed to, its
+    gathered input h, gate and up (2i'), silu(gate) i', the product i' and the expert's output h
+    (kept for the routing weight's product): k x (4i' + 2h); the router's logits and fp32 softmax
+    (~3 x experts); Qwen2-MoE's shared expert 4i_s, its output h and its sigmoid gate."""
+    if not sparse:
+        return 4 * arch.intermediate
+    h, k = arch.hidden, arch.experts_per_token
+    elems = k * (4 * arch.expert_intermediate + 2 * h) + 3 * arch.experts
+    if arch.shared_intermediate:
+        elems += 4 * arch.shared_intermediate + h + 2
+    return elems
+
+
+def layer_activation_elems(arch: Arch, attn: str = "sdpa", seq: int = 0, sparse: bool | None = None) -> int:
     """Values one Llama-style decoder layer keeps per token for its backward pass (Korthikanti et
     al.'s count redone for RMSNorm + SwiGLU + grouped-query attention, no dropout):
       attention norm input h, its output (the q/k/v projections' input) h,
       q, and k, v as attention reads them (kv_width) after the rotary embedding: h + 2 kv',
       attention output h and its contiguous copy fed to o_proj h,
       MLP norm input h, its output (the gate/up projections' input) h,
-      gate, silu(gate), up and their product (down_proj's input) 4 i
+      gate, silu(gate), up and their product (down_proj's input) 4 i  (MoE: mlp_activation_elems)
     = 7h + 2kv' + 4i. (Korthikanti's GPT layer, 4h MLP and dropout, counts to 34 bytes = 17 values x h.)
     Eager attention also keeps the softmax of the scores, heads x seq per token (in fp32 and a cast
-    copy: counted twice); SDPA's and FlashAttention's kernels keep none (Korthikanti's 5as/h term)."""
-    h, i = arch.hidden, arch.intermediate
-    elems = 7 * h + 2 * kv_width(arch, attn) + 4 * i
+    copy: counted twice); SDPA's and FlashAttention's kernels keep none (Korthikanti's 5as/h term).
+    `sparse` None: the largest layer (a mixture of experts' sparse one where it has any)."""
+    h = arch.hidden
+    if sparse is None:
+        sparse = arch.moe_layers > 0 and (not arch.dense_layers or mlp_activation_elems(arch, True)
+                                          >= mlp_activation_elems(arch, False))
+    elems = 7 * h + 2 * kv_width(arch, attn) + mlp_activation_elems(arch, sparse)
     if attn == "eager":
         elems += 2 * arch.heads * seq
     return elems
+
+
+def all_layers_activation_elems(arch: Arch, attn: str = "sdpa", seq: int = 0) -> int:
+    """layer_activation_elems summed over the layers (dense and sparse ones of an MoE model)."""
+    dense = arch.dense_layers * layer_activation_elems(arch, attn, seq, False) if arch.dense_layers else 0
+    sparse = arch.moe_layers * layer_activation_elems(arch, attn, seq, True) if arch.moe_layers else 0
+    return dense + sparse
 
 
 def activations(arch: Arch, micro: int, seq: int, dtype_bytes: int, checkpointing: bool,
                 attn: str = "sdpa", prompt: int = 0, prompts: int = 0) -> int:
     """Activation memory of one training micro-batch of `micro` sequences of `seq` tokens.
 
-    Without recomputation: layers x tokens x layer_activation_elems. With full recomputation
-    (gradient checkpointing): each layer keeps only its input (layers x tokens x h) and one layer is
-    recomputed whole during the backward pass. SDPA and eager attention also build one 4-D
-    attention mask per pass, micro x seq x seq.
+    Without recomputation: tokens x layer_activation_elems summed over the layers. With full
+    recomputation (gradient checkpointing): each layer keeps only its input (layers x tokens x h)
+    and one layer (the largest) is recomputed whole during the backward pass. SDPA and eager
+    attention also build one 4-D attention mask per pass, micro x seq x seq.
 
     `prompts` > 0: the shared-prompt passes (train/shared_prompt.py) run the micro-batch's `prompts`
     distinct prompts (of `prompt` tokens) once and the responses on their cache: see
@@ -113,11 +140,10 @@ def activations(arch: Arch, micro: int, seq: int, dtype_bytes: int, checkpointin
     if prompts and not checkpointing:
         return shared_prompt_activations(arch, micro, prompts, prompt, seq - prompt, dtype_bytes, attn)
     tokens = micro * seq
-    per_layer = layer_activation_elems(arch, attn, seq)
     if checkpointing:
-        elems = arch.layers * tokens * arch.hidden + tokens * per_layer
+        elems = arch.layers * tokens * arch.hidden + tokens * layer_activation_elems(arch, attn, seq)
     else:
-        elems = arch.layers * tokens * per_layer
+        elems = tokens * all_layers_activation_elems(arch, attn, seq)
     if attn != "flash_attention_2":
         elems += micro * seq * seq
     return elems * dtype_bytes
@@ -127,27 +153,45 @@ def shared_prompt_activations(arch: Arch, micro: int, prompts: int, prompt: int,
                               dtype_bytes: int, attn: str = "sdpa") -> int:
     """Activations of a shared-prompt training pass, per layer:
       the prompt pass: prompts x prompt tokens x layer_activation_elems;
-      the response pass: micro x response tokens x (7h + 4i) (everything but k and v), and the k, v
+      the response pass: micro x response tokens x (7h + 4i) (everything but k and v; MoE:
+      mlp_activation_elems in place of 4i), and the k, v
       attention keeps over the whole sequence, its rows' prompt cache concatenated with the new
       tokens: micro x seq x 2 kv' (the cache itself is freed when the forward returns);
     plus the two passes' attention masks."""
-    h, i = arch.hidden, arch.intermediate
     seq = prompt + response
-    per_layer = (prompts * prompt * layer_activation_elems(arch, attn, prompt)
-                 + micro * response * (7 * h + 4 * i)
-                 + micro * seq * 2 * kv_width(arch, attn))
-    elems = arch.layers * per_layer
+    mlp = (arch.dense_layers * mlp_activation_elems(arch, False) if arch.dense_layers else 0) + (
+        arch.moe_layers * mlp_activation_elems(arch, True) if arch.moe_layers else 0)
+    elems = (prompts * prompt * all_layers_activation_elems(arch, attn, prompt)
+             + micro * response * (arch.layers * 7 * arch.hidden + mlp)
+             + arch.layers * micro * seq * 2 * kv_width(arch, attn))
     if attn != "flash_attention_2":
         elems += prompts * prompt * prompt + micro * response * seq
     return elems * dtype_bytes
 
 
+def mlp_forward_elems(arch: Arch) -> int:
+    """Values an MLP holds at once in a forward pass without autograd, per token: dense, gate, up
+    and their product (3i); an MoE block runs its experts one after another, so one expert's
+    gathered input, gate/up, product and output (3i' + 2h; counted for every token, the worst
+    routing), the block's output h and the router's logits and softmax (~3 x experts), and
+    Qwen2-MoE's shared expert (3i_s + h). The larger of the model's layer kinds."""
+    dense = 3 * arch.intermediate if arch.dense_layers else 0
+    if not arch.moe_layers:
+        return dense
+    h = arch.hidden
+    sparse = 3 * arch.expert_intermediate + 3 * h + 3 * arch.experts
+    if arch.shared_intermediate:
+        sparse += 3 * arch.shared_intermediate + h
+    return max(dense, sparse)
+
+
 def forward_working(arch: Arch, micro: int, seq: int, dtype_bytes: int, attn: str = "sdpa") -> int:
     """A forward pass without autograd (reference, behaviour, value, reward passes, generation's
     prefill) holds about one layer's values at a time: the residual stream, the norm output, q, k, v,
-    the attention output and the MLP's gate, up and product: tokens x (4h + 2kv' + 3i)."""
-    h, i = arch.hidden, arch.intermediate
-    return micro * seq * (4 * h + 2 * kv_width(arch, attn) + 3 * i) * dtype_bytes
+    the attention output and the MLP's gate, up and product: tokens x (4h + 2kv' + 3i)
+    (MoE: mlp_forward_elems in place of 3i)."""
+    h = arch.hidden
+    return micro * seq * (4 * h + 2 * kv_width(arch, attn) + mlp_forward_elems(arch)) * dtype_bytes
 
 
 def logits_bytes(arch: Arch, micro: int, response: int, dtype_bytes: int, backward: bool) -> int:
@@ -169,15 +213,15 @@ def kv_cache_bytes(arch: Arch, seqs: int, seq: int, dtype_bytes: int) -> int:
 
 def lora_params(arch: Arch, r: int, target_modules, critic: bool = False) -> int:
     """Adapter parameters: r x (in + out) for each targeted linear of each layer (PEFT's A: r x in,
-    B: out x r); `all-linear` = q, k, v, o, gate, up, down (the output head is left out)."""
-    shapes = linear_shapes({"hidden_size": arch.hidden, "intermediate_size": arch.intermediate,
-                            "num_attention_heads": arch.heads, "num_key_value_heads": arch.kv_heads,
-                            "head_dim": arch.head_dim})
+    B: out x r); `all-linear` = Arch.linears() (q, k, v, o, gate, up, down; the output head is left
+    out; an MoE block's router and experts where PEFT adapts them). A list of names counts the
+    nn.Linear modules of those names."""
     if isinstance(target_modules, str):
-        names = list(shapes)
+        linears = arch.linears(all_linear=True)
     else:
-        names = [n.rsplit(".", 1)[-1] for n in target_modules if n.rsplit(".", 1)[-1] in shapes]
-    return arch.layers * sum(r * (shapes[n][0] + shapes[n][1]) for n in names)
+        wanted = {n.rsplit(".", 1)[-1] for n in target_modules}
+        linears = [lin for lin in arch.linears(all_linear=False) if lin[0] in wanted]
+    return sum(r * (i + o) * n for _, i, o, n in linears)
 
 
 def vllm_kv_tokens(util: float, mem: int, weights: int, reserve: int, per_token: int) -> int:

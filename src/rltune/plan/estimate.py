@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rltune.plan import budget as B
-from rltune.plan.arch import Arch, ArchUnknown, resolve_arch
+from rltune.plan.arch import Arch, ArchUnknown, ConfigError, resolve_arch
 
 PHASES = ("rollout", "experience", "update", "save")
 ALL = PHASES
@@ -96,7 +96,12 @@ class Plan:
             "model": None if self.arch is None else {
                 "params": self.arch.params(), "layers": self.arch.layers, "hidden": self.arch.hidden,
                 "intermediate": self.arch.intermediate, "heads": self.arch.heads, "kv_heads": self.arch.kv_heads,
-                "head_dim": self.arch.head_dim, "vocab": self.arch.vocab, "source": self.arch.source},
+                "head_dim": self.arch.head_dim, "vocab": self.arch.vocab, "source": self.arch.source,
+                **({"active_params": self.arch.params(active=True), "experts": self.arch.experts,
+                    "experts_per_token": self.arch.experts_per_token,
+                    "expert_intermediate": self.arch.expert_intermediate,
+                    "shared_expert_intermediate": self.arch.shared_intermediate,
+                    "moe_layers": self.arch.moe_layers} if self.arch.moe_layers else {})},
             "rollout_engine": self.engine,
             "items": [i.to_dict() for i in self.items],
             "phases": dict(self.phases), "peak": self.peak, "peak_phase": self.peak_phase,
@@ -178,7 +183,7 @@ def shared_prompts(recipe, arch: Arch, attn: str, micro: int, checkpointing: boo
     if arch.model_type not in SHARED_MODEL_TYPES:
         return 0
     u = -(-micro // g)                       # whole groups per micro-batch: ceil(micro / group)
-    if 2.0 * arch.params() * (micro - u) * recipe.data.max_prompt_length < SHARED_MIN_SAVED_FLOP:
+    if 2.0 * arch.params(active=True) * (micro - u) * recipe.data.max_prompt_length < SHARED_MIN_SAVED_FLOP:
         return 0
     return u
 
@@ -189,8 +194,12 @@ def _lora_trainable(recipe, arch: Arch) -> int:
 
 
 def _optional_arch(spec, key, notes) -> Optional[Arch]:
+    """A critic's, reference's or reward model's Arch; None (with a note) where its size is unknown.
+    A config.json that is there but unusable (ConfigError) stops the plan like the policy's does."""
     try:
         return resolve_arch(spec, key)
+    except ConfigError:
+        raise
     except ArchUnknown as err:
         notes.append(f"{err} (not counted)".replace("\n  fix:", "; fix:"))
         return None
@@ -198,7 +207,8 @@ def _optional_arch(spec, key, notes) -> Optional[Arch]:
 
 def estimate(recipe, hw: Hardware) -> "Plan":
     """The memory plan of `recipe` on `hw` (see the module docstring). Raises ArchUnknown when the
-    policy's size cannot be known without loading it."""
+    policy's size cannot be known without loading it, ConfigError (an ArchUnknown) when a model's
+    config.json is there but unusable (its message names the file and the field)."""
     from rltune.models.lora import adapter_reference_ok
     from rltune.rollout import max_sequence_length
     from rltune.train.setup import needs_reference

@@ -1,6 +1,8 @@
 """Lint rule `memory-budget`: the plan (rltune.plan) against the hardware, when the hardware is
 known: `validate --gpus N --gpu-mem SIZE`, the recipe's `hardware` section (hardware presets set
 it), or trainer.device cuda on a machine with a GPU. With no hardware known it says nothing.
+A model whose config.json is there but unusable (plan.ConfigError: not a regular file, too large,
+not JSON, a size that is not a whole number within bounds) is an error naming the file and field.
 
 Same shape as rules.py; registered in RULES (rules_base.py) when rules.py imports this module.
 No torch import (except where trainer.device is cuda: `hardware_for` asks torch for the card's
@@ -44,11 +46,15 @@ def memory_budget(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     hw = _hardware(r, ctx)
     if hw is None or hw.mem_bytes is None or hw.device != "cuda":
         return
-    from rltune.plan import ArchUnknown, estimate
+    from rltune.plan import ArchUnknown, ConfigError, estimate
     from rltune.plan.budget import fmt_bytes
 
     try:
         plan = estimate(r, hw)
+    except ConfigError as err:   # a model's config.json is unusable: the run would fail on it too
+        yield Hit(err.key, f"{err.file}: {err.problem} (the memory budget cannot be checked, and the run would "
+                           "fail on it)", err.fix, severity="error")
+        return
     except ArchUnknown as err:
         msg, _, fix = str(err).partition("\n  fix: ")
         yield Hit("model.policy", f"memory budget not checked: {msg}", fix or "point model.policy at a local directory",

@@ -8,6 +8,9 @@ lengths, the engines, ZeRO stage, precision), only the amount of work shrinks to
 one optimizer update of the fewest whole generation calls that fill one micro-batch per rank
 (train.batch_size = lcm(rollout.batch_size, micro_batch_size x world), ppo_epochs 1,
 updates_per_step 1). Nothing is written: no run directory, train.log, metrics, checkpoint or final/.
+Before anything is built, the models' config.json files are read and checked as `rltune plan` reads
+them (`check_configs`): one that is unusable (not a regular file, too large, not JSON, a size that is
+not a whole number within bounds) stops the dry run with exit 2 and a message naming the file and field.
 
 Memory per phase, on one device (the largest over ranks):
 - CUDA: torch.cuda.max_memory_allocated, reset (reset_peak_memory_stats) as each phase begins;
@@ -21,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -121,7 +125,26 @@ def plan_phases(recipe: Recipe, dist) -> tuple[dict[str, int] | None, str | None
         return None, f"no plan estimate: {type(err).__name__}: {err}"
 
 
+def check_configs(recipe: Recipe) -> str | None:
+    """The models' config.json files, read and checked as `rltune plan` reads them (plan/arch.py:
+    bounded read, every size a whole number within bounds) before anything heavy is imported or
+    built: the message (recipe key, file, field, fix) of the first unusable one, or None. A size the
+    plan merely does not know (a hub id not cached, another architecture) is transformers' business."""
+    from ..plan import ConfigError, check_model_configs
+
+    try:
+        check_model_configs(recipe)
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
 def dry_run(recipe: Recipe, recipe_path: Path, fmt: str = "text", quiet: bool = False) -> int:
+    problem = check_configs(recipe)      # before torch and the engines are imported
+    if problem is not None:
+        if os.environ.get("RANK", "0") == "0":   # launched ranks: say it once
+            print(f"rltune: {problem}", file=sys.stderr)
+        return 2
     from ..engine.distributed import process_group
 
     with process_group(recipe.trainer.device) as dist:
@@ -217,4 +240,4 @@ def format_report(report: dict, output_dir: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["dry_run", "reduced", "Meter", "PHASES"]
+__all__ = ["dry_run", "check_configs", "reduced", "Meter", "PHASES"]
