@@ -81,3 +81,20 @@ def test_crafted_contents_end_in_a_result_or_a_message(tmp_path, cli, cmd):
         assert code == 0 and (run / "run.png").is_file()
     kept = read_events(run)
     assert [e["step"] for e in kept] == [3, 6] and "changes" not in kept[1]
+
+
+def test_masked_out_fires_when_most_responses_are_cut(tmp_path):
+    # rollout.mask_truncated with a tiny max_new_tokens: 95-100% of the rows masked, grad norm 0, no word
+    # from the monitor before; now a warning with the change (issue 25, item 15)
+    from rltune.monitor.detectors import HealthMonitor
+    from rltune.recipe.schema import Recipe
+
+    recipe = Recipe.model_validate({"model": {"policy": "builtin:tiny-llama"}, "data": {"train": "builtin:arithmetic"},
+                                    "reward": {"functions": ["builtin:exact_answer"]},
+                                    "rollout": {"mask_truncated": True, "max_new_tokens": 6}})
+    mon = HealthMonitor(recipe, enabled=True, write=False)
+    for step in range(1, 11):
+        mon.observe({"step": step, "reward/mean": 0.1, "kl": 0.01, "rollout/masked_truncated_frac": 0.2 if step < 5 else 0.97})
+    fired = [(e.step, e.kind, e.severity) for e in mon.events]
+    assert fired == [(7, "masked_out", "warning")], fired
+    assert mon.events[0].changes == {"rollout.max_new_tokens": 12}

@@ -279,6 +279,18 @@ def for_length_collapse(r) -> Advice:
                    "read samples: EOS-only or truncated outputs point at the reward, not the optimiser"]
 
 
+def for_masked_out(r, frac: float) -> Advice:
+    """Most responses cut at max_new_tokens and masked out of the loss (rollout.mask_truncated)."""
+    mnt = r.rollout.max_new_tokens
+    new = min(131072, mnt * 2)
+    ch = {"rollout.max_new_tokens": new} if new > mnt else {}
+    lines = ([change_line("rollout.max_new_tokens", mnt, new) + f" ({frac:.0%} of responses hit the limit and, "
+              "with rollout.mask_truncated, teach nothing: the step trains on the rest, or on nothing)"] if ch else [])
+    lines.append("or set rollout.mask_truncated: false and shape length with reward.overlong (a soft penalty keeps "
+                 "cut responses in the loss)")
+    return ch, lines
+
+
 def for_length_runaway(r) -> Advice:
     ch: dict = {}
     lines: list[str] = []

@@ -429,6 +429,8 @@ from rltune.recipe import rules_algo  # noqa: E402,F401  (registers its rules in
 from rltune.recipe import rules_lora  # noqa: E402,F401  (registers its rules in RULES)
 # the memory budget (rltune.plan) against known hardware: rules_memory.py, registered the same way
 from rltune.recipe import rules_memory  # noqa: E402,F401  (registers its rules in RULES)
+# settings that do nothing where they are, rollback's preconditions, the truncation mask: rules_settings.py
+from rltune.recipe import rules_settings  # noqa: E402,F401  (registers its rules in RULES)
 
 
 @rule("unknown-waiver", "warning", "lint.waive names a rule that does not exist",

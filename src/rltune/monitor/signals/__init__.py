@@ -5,7 +5,7 @@ fires), grouped by what they read:
 - `policy`: KL (level, spikes), the PPO clip fraction, entropy;
 - `gradients`: grad-norm spikes and clipping, per role;
 - `swing`, `reward`: early reward swings and oscillation; reward collapse and reward hacking;
-- `samples`: response length, groups with zero advantage;
+- `samples`: response length, responses masked out of the loss, groups with zero advantage;
 - `rollout`: the rollout engine (stale or drifting weights, importance ratios, sync time).
 
 Each warning is a departure from the run's own recent behaviour or a hard fault (non-finite
@@ -21,12 +21,12 @@ from .gradients import GradClip, GradSpike
 from .policy import ClipfracHigh, EntropyCollapse, KLHigh, KLSpike
 from .reward import RewardCollapse, RewardHacking
 from .rollout import ISWeightExtreme, LogprobDrift, StaleWeights, SyncSlow
-from .samples import LengthCollapse, LengthRunaway, ZeroAdvantage
+from .samples import LengthCollapse, LengthRunaway, MaskedOut, ZeroAdvantage
 from .swing import RewardSwing
 
 # the order they run in each step (a detector sees the events fired before it in the same step)
 DETECTORS = [NonFinite, SkippedStep, KLSpike, GradSpike, RewardCollapse, RewardHacking, KLHigh, RewardSwing,
-             GradClip, EntropyCollapse, LengthCollapse, LengthRunaway, StaleWeights, LogprobDrift,
+             GradClip, EntropyCollapse, LengthCollapse, LengthRunaway, MaskedOut, StaleWeights, LogprobDrift,
              ISWeightExtreme, ZeroAdvantage, ClipfracHigh, SyncSlow]
 
 __all__ = ["DETECTORS"] + [d.__name__ for d in DETECTORS]

@@ -11,6 +11,28 @@ from .. import advice as A
 from ..base import SWING_FLOOR, Detector, Event, Sustained, _finite, _rd, robust_level, step_noise
 
 
+class MaskedOut(Sustained):
+    """rollout.mask_truncated removing most of the batch from the loss: more than half the
+    responses cut at max_new_tokens, 3 steps in a row (the grad norm is then small or 0)."""
+    name = "masked_out"
+    key = "rollout/masked_truncated_frac"
+
+    def steps_needed(self, mon):
+        return 3
+
+    def condition(self, mon, x):
+        return x > 0.5
+
+    def event(self, mon, step, x, n):
+        ch, lines = A.for_masked_out(mon.recipe, x)
+        return Event(step, "masked_out", "warning",
+                     f"{x:.0%} of the responses hit rollout.max_new_tokens {mon.recipe.rollout.max_new_tokens} and are "
+                     f"masked out of the loss (rollout.mask_truncated) for {n} steps (step {step}): the update learns "
+                     "from few rows or none",
+                     {"masked_truncated_frac": _rd(x), "max_new_tokens": mon.recipe.rollout.max_new_tokens, "steps": n,
+                      "role": "rollout"}, lines, ch)
+
+
 class LengthCollapse(Sustained):
     name = "length_collapse"
     key = "response/length_mean"

@@ -1,0 +1,72 @@
+"""Lint rules for settings that do nothing in the recipe around them, and for a run that would
+mask most of its own responses out of the loss.
+
+A setting that silently does nothing is an error (as `cispo-dual-clip` says): the user believes
+it acts. Registered in RULES by rules.py, like rules_algo.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from rltune.recipe.rules_base import RULES, Ctx, Hit, num, rule
+from rltune.recipe.schema import Recipe
+
+MASK_TRUNCATED_MIN_TOKENS = 64   # below this many new tokens, most answers of a real task are cut
+
+
+@rule("rollback-inactive", "error",
+      "autotune.rollback true without autotune.enabled true and autotune.mode act",
+      "rollback is one of autotune's actions: with autotune off, or in advise mode, it never rolls back, "
+      "and nothing would say so")
+def rollback_inactive(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    a = r.autotune
+    if a.rollback and not (a.enabled and a.mode == "act"):
+        why = "autotune.enabled is false" if not a.enabled else f"autotune.mode is {a.mode}"
+        yield Hit("autotune.rollback", f"autotune.rollback true but {why}: {RULES['rollback-inactive'].why}",
+                  "set autotune.enabled: true and autotune.mode: act, or remove autotune.rollback")
+
+
+@rule("rollback-no-target", "error",
+      "autotune.rollback active with trainer.keep_checkpoints 1",
+      "a rollback goes back to a checkpoint saved before the spike began; keeping one checkpoint, each save deletes "
+      "the one before, so the only one left is usually the step just saved, inside the spike")
+def rollback_no_target(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    a, t = r.autotune, r.trainer
+    if a.rollback and a.enabled and a.mode == "act" and t.keep_checkpoints < 2:
+        yield Hit("trainer.keep_checkpoints",
+                  f"trainer.keep_checkpoints {t.keep_checkpoints} with autotune.rollback (save_every {t.save_every}, "
+                  f"rollback_every {a.rollback_every}): {RULES['rollback-no-target'].why}",
+                  "set trainer.keep_checkpoints: 3")
+
+
+@rule("setting-without-effect", "error",
+      "trainer.save_merged without model.lora; reward.timeout set without reward.isolate; rollout.lora_sync set "
+      "without model.lora",
+      "the setting only acts together with another one that is off, so it would be silently ignored")
+def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    why = RULES["setting-without-effect"].why
+    if r.trainer.save_merged and r.model.lora is None:
+        yield Hit("trainer.save_merged", f"trainer.save_merged true without model.lora: {why} (final/ already holds "
+                  "the full model)", "remove trainer.save_merged, or set model.lora")
+    if ctx.user_set(r, "reward.timeout") and not r.reward.isolate:
+        yield Hit("reward.timeout", f"reward.timeout {num(r.reward.timeout)} without reward.isolate: {why} (a call "
+                  "in the trainer's process cannot be stopped)", "set reward.isolate: true, or remove reward.timeout")
+    if ctx.user_set(r, "rollout.lora_sync") and r.model.lora is None:
+        yield Hit("rollout.lora_sync", f"rollout.lora_sync {r.rollout.lora_sync} without model.lora: {why}",
+                  "remove rollout.lora_sync, or set model.lora")
+
+
+@rule("mask-truncated-short", "warning",
+      f"rollout.mask_truncated with rollout.max_new_tokens < {MASK_TRUNCATED_MIN_TOKENS}",
+      "responses cut at max_new_tokens get no loss; with short limits most responses are cut, so most steps train on "
+      "few rows or none (the tiny recipes: 95-100% masked, grad norm 0); the run reports "
+      "rollout/masked_truncated_frac and the health monitor warns when most rows are masked")
+def mask_truncated_short(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    ro = r.rollout
+    if ro.mask_truncated and ro.max_new_tokens < MASK_TRUNCATED_MIN_TOKENS:
+        yield Hit("rollout.mask_truncated",
+                  f"rollout.mask_truncated with rollout.max_new_tokens {ro.max_new_tokens}: "
+                  f"{RULES['mask-truncated-short'].why}",
+                  f"raise rollout.max_new_tokens (to at least {MASK_TRUNCATED_MIN_TOKENS}), or use reward.overlong "
+                  "instead of rollout.mask_truncated")

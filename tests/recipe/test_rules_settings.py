@@ -1,0 +1,41 @@
+"""Settings that do nothing where they are, rollback's preconditions and the truncation mask
+(rules_settings.py; issue 25, items 14 and 15): each rule fires on a held case with its fix and
+stays silent once the fix is applied."""
+
+from __future__ import annotations
+
+import pytest
+from recipe_testlib import MINIMAL, assert_rule_case
+
+from rltune.recipe import RULES
+
+ACT = ["autotune.enabled=true", "autotune.mode=act"]
+LORA = "model.lora={r: 8, alpha: 16}"
+
+CASES = [
+    ("rollback-inactive", MINIMAL, ["autotune.rollback=true"], "error",
+     "set autotune.enabled: true and autotune.mode: act", ["autotune.rollback=true", *ACT]),
+    ("rollback-inactive", MINIMAL, ["autotune.rollback=true", "autotune.enabled=true", "autotune.mode=advise"], "error",
+     "set autotune.enabled: true and autotune.mode: act", ["autotune.rollback=true", *ACT]),
+    ("rollback-no-target", MINIMAL, ["autotune.rollback=true", *ACT, "trainer.save_every=1", "trainer.keep_checkpoints=1"],
+     "error", "set trainer.keep_checkpoints: 3", ["autotune.rollback=true", *ACT, "trainer.save_every=1",
+                                                 "trainer.keep_checkpoints=3"]),
+    ("setting-without-effect", MINIMAL, ["trainer.save_merged=true"], "error", "remove trainer.save_merged",
+     ["trainer.save_merged=true", LORA]),
+    ("setting-without-effect", MINIMAL, ["reward.timeout=5"], "error", "set reward.isolate: true",
+     ["reward.timeout=5", "reward.isolate=true"]),
+    ("setting-without-effect", MINIMAL, ["rollout.lora_sync=adapter"], "error", "remove rollout.lora_sync",
+     ["rollout.lora_sync=merged", LORA]),
+    ("mask-truncated-short", MINIMAL, ["rollout.mask_truncated=true", "rollout.max_new_tokens=6"], "warning",
+     "raise rollout.max_new_tokens (to at least 64)", ["rollout.mask_truncated=true", "rollout.max_new_tokens=256"]),
+]
+
+
+@pytest.mark.parametrize("rule,base,bad,severity,fix,good", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_rule_fires_with_its_fix_and_stays_silent(write, rule, base, bad, severity, fix, good):
+    assert_rule_case(write(base), rule, bad, severity, fix, good)
+
+
+def test_registered_before_the_waiver_rules():
+    ids = list(RULES)
+    assert {c[0] for c in CASES} <= set(ids) and ids[-2:] == ["unknown-waiver", "waived-error"]
