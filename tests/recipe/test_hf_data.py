@@ -153,3 +153,32 @@ def test_one_training_step_reads_the_saved_dataset(tmp_path, capfd, monkeypatch)
     logging.getLogger("rltune").handlers.clear()
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 1
+
+
+# ---- a missing split is refused (issue 25, item 12; item 16's slice fix)
+
+def test_one_unnamed_dataset_is_training_rows_only(tmp_path):
+    # one saved Dataset used to answer every split: data.eval (split test by default) evaluated on the
+    # training rows and logged them as held-out, and `::validation` "validated"
+    datasets.Dataset.from_list(TRAIN).save_to_disk(str(tmp_path / "one"))
+    assert load_hf_rows("hf:./one")[0] == TRAIN
+    with pytest.raises(DataError, match=r"one dataset without split names, so it has no split `test` \(data.eval's default\)"):
+        load_hf_rows("hf:./one", key="data.eval")
+    for key in ("data.train", "data.eval"):
+        with pytest.raises(DataError, match="has no split `validation`"):
+            load_hf_rows("hf:./one::validation", key=key)
+
+
+def test_a_named_single_dataset_has_only_its_split(tmp_path):
+    ds = datasets.Dataset.from_list(TRAIN, split=datasets.Split.TRAIN)
+    ds.save_to_disk(str(tmp_path / "named"))
+    assert load_hf_rows("hf:./named::train[:2]")[0] == TRAIN[:2]
+    with pytest.raises(DataError, match=r"no split `test` \(splits: train\)"):
+        load_hf_rows("hf:./named", key="data.eval")
+
+
+def test_a_bad_slice_gets_a_slice_fix(saved):
+    with pytest.raises(DataError) as e:
+        load_hf_rows("hf:./dd::train[:200%]")
+    assert "the split slice `train[:200%]` is not valid" in str(e.value)
+    assert "train[:50%]" in e.value.fix and "save_to_disk" not in e.value.fix

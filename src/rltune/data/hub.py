@@ -111,7 +111,10 @@ def _download_fix(src: HfSource, key: str) -> str:
             f"and set {key}: {target}")
 
 
-def _from_disk(path: Path, src: HfSource, split: str, spec: str):
+def _from_disk(path: Path, src: HfSource, split: str, spec: str, key: str = "data.train"):
+    """The rows of a save_to_disk directory for `split` (the spec's, or the key's default). A
+    missing split is refused, never answered with whatever the directory holds: one saved
+    `Dataset` has one split (its name, or none), and data.eval must not read training rows."""
     import datasets
 
     if src.config:
@@ -119,21 +122,40 @@ def _from_disk(path: Path, src: HfSource, split: str, spec: str):
                         f"remove the config: hf:{src.name}" + (f"::{src.split}" if src.split else ""))
     ds = datasets.load_from_disk(str(path))
     if isinstance(ds, datasets.Dataset):
-        if src.split is None:
-            return ds  # one dataset, no split asked for: take it
-        parts = {str(ds.split) if ds.split else re.split(r"[\[+]", split)[0]: ds}
+        if not ds.split:   # one dataset without a split name: the training rows, and only those
+            if src.split is None and key == "data.train":
+                return ds
+            asked = f"split `{split}`" + ("" if src.split else f" ({key}'s default)")
+            raise DataError(f"{spec}: the directory holds one dataset without split names, so it has no {asked}",
+                            f"use it as data.train (hf:{src.name}), and give {key} its own held-out rows"
+                            if key != "data.train" else f"set {key}: hf:{src.name}")
+        parts = {str(ds.split): ds}
     else:
         parts = dict(ds)
-    picked = [parts[i.splitname].select(range(i.from_, i.to))
-              for i in datasets.ReadInstruction.from_spec(split).to_absolute({k: len(v) for k, v in parts.items()})]
+    names = set(re.split(r"[+]", re.sub(r"\[[^\]]*\]", "", split)))
+    missing = sorted(n.strip() for n in names if n.strip() not in parts)
+    if missing:
+        held = ", ".join(parts) or "none"
+        usual = DEFAULT_SPLIT.get(key, "train")
+        other = usual if usual in parts else next((p for p in parts if p != "train"), next(iter(parts), "SPLIT"))
+        raise DataError(f"{spec}: no split `{missing[0]}` (splits: {held})",
+                        f"set {key}: hf:{src.name}::{other}")
+    try:
+        instructions = datasets.ReadInstruction.from_spec(split).to_absolute({k: len(v) for k, v in parts.items()})
+    except (ValueError, AssertionError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(f"{spec}: the split slice `{split}` is not valid: {first}",
+                        f"write a slice like {next(iter(parts), 'train')}[:1000] or {next(iter(parts), 'train')}[:50%] "
+                        "(percentages between -100 and 100)") from None
+    picked = [parts[i.splitname].select(range(i.from_, i.to)) for i in instructions]
     return picked[0] if len(picked) == 1 else datasets.concatenate_datasets(picked)
 
 
-def _load(src: HfSource, path: Optional[Path], split: str, spec: str):
+def _load(src: HfSource, path: Optional[Path], split: str, spec: str, key: str = "data.train"):
     import datasets
 
     if path is not None and _is_saved(path):
-        return _from_disk(path, src, split, spec)
+        return _from_disk(path, src, split, spec, key)
     quiet = path is not None and datasets.is_progress_bar_enabled()  # a hub download keeps its progress bar
     if quiet:
         datasets.disable_progress_bars()
@@ -205,7 +227,7 @@ def load_hf_rows(spec: str, prompt_key: str = "prompt", *, key: str = "data.trai
                         "pip install datasets (or use a .jsonl file)") from None
     split = src.split or DEFAULT_SPLIT.get(key, "train")
     try:
-        ds = _load(src, path, split, spec)
+        ds = _load(src, path, split, spec, key)
     except DataError:
         raise
     except Exception as err:  # noqa: BLE001 - the datasets library's errors become a user message
