@@ -26,6 +26,8 @@ CASES = [
      ["reward.timeout=5", "reward.isolate=true"]),
     ("setting-without-effect", MINIMAL, ["rollout.lora_sync=adapter"], "error", "remove rollout.lora_sync",
      ["rollout.lora_sync=merged", LORA]),
+    ("setting-without-effect", MINIMAL, ["logging.mlflow_tracking_uri=http://h:5000"], "error", "set logging.mlflow: true",
+     ["logging.mlflow_tracking_uri=http://h:5000", "logging.mlflow=true"]),
     ("mask-truncated-short", MINIMAL, ["rollout.mask_truncated=true", "rollout.max_new_tokens=6"], "warning",
      "raise rollout.max_new_tokens (to at least 64)", ["rollout.mask_truncated=true", "rollout.max_new_tokens=256"]),
 ]

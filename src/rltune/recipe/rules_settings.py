@@ -42,7 +42,7 @@ def rollback_no_target(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 
 @rule("setting-without-effect", "error",
       "trainer.save_merged without model.lora; reward.timeout set without reward.isolate; rollout.lora_sync set "
-      "without model.lora",
+      "without model.lora; logging.mlflow_tracking_uri without logging.mlflow",
       "the setting only acts together with another one that is off, so it would be silently ignored")
 def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     why = RULES["setting-without-effect"].why
@@ -52,6 +52,10 @@ def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     if ctx.user_set(r, "reward.timeout") and not r.reward.isolate:
         yield Hit("reward.timeout", f"reward.timeout {num(r.reward.timeout)} without reward.isolate: {why} (a call "
                   "in the trainer's process cannot be stopped)", "set reward.isolate: true, or remove reward.timeout")
+    lg = r.logging
+    if lg.mlflow_tracking_uri and not lg.mlflow:
+        yield Hit("logging.mlflow_tracking_uri", f"logging.mlflow_tracking_uri set without logging.mlflow: {why}",
+                  "set logging.mlflow: true, or remove logging.mlflow_tracking_uri")
     if ctx.user_set(r, "rollout.lora_sync") and r.model.lora is None:
         yield Hit("rollout.lora_sync", f"rollout.lora_sync {r.rollout.lora_sync} without model.lora: {why}",
                   "remove rollout.lora_sync, or set model.lora")

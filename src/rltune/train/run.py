@@ -118,7 +118,10 @@ def _resume_point(run: Run, resume: str, allow_recipe_change: bool) -> tuple[Pat
     from . import checkpoint as ckpt
     from . import resume as rs
 
-    d = run.recipe_dict = run.recipe.model_dump(mode="json")
+    from ..redact import redact
+
+    # what the run directory keeps (recipe.yaml, state.json) carries no credentials: rltune/redact.py
+    d = run.recipe_dict = redact(run.recipe.model_dump(mode="json"))
     run.rhash = ckpt.recipe_hash({k: v for k, v in d.items() if k != "trainer"} |
                                  {"trainer": {k: v for k, v in d["trainer"].items()
                                               if k not in ("max_steps", "save_every", "keep_checkpoints")}})
@@ -138,6 +141,7 @@ def _take_directory(run: Run, resume_path: Path | None, recipe_path: Path, overr
     checkpoint moves the later ones (an abandoned continuation) aside; RUN_DIR/recipe.yaml."""
     import yaml
 
+    from ..redact import redact_text
     from .rundir import OVERRIDES_TAG
 
     barrier()  # every rank has chosen its checkpoint before rank 0 moves anything
@@ -147,7 +151,7 @@ def _take_directory(run: Run, resume_path: Path | None, recipe_path: Path, overr
         LOG.warning("%s", moved)
     if run.dist.is_main:
         _write(run.run_dir / "recipe.yaml", f"# source: {Path(recipe_path).resolve()}\n"
-               + (OVERRIDES_TAG + shlex.join(overrides) + "\n" if overrides else "")
+               + (OVERRIDES_TAG + redact_text(shlex.join(overrides)) + "\n" if overrides else "")
                + yaml.safe_dump(run.recipe_dict, sort_keys=False), run.hint)
 
 
