@@ -425,3 +425,18 @@ def test_run_recipe_names_its_source_for_diagnose_patch(finished):
 
     assert (finished / "recipe.yaml").read_text().splitlines()[1] == "# overrides: trainer.seed=5"
     assert run_overrides(finished) == (["trainer.seed=5"], None)
+
+
+@pytest.mark.parametrize("name", ["recipe.yaml", "train.log", "metrics.jsonl", ".lock"])
+def test_a_link_in_the_run_directory_is_never_written_through(tmp_path, capfd, name):
+    # a received run directory whose recipe.yaml / train.log is a link: resuming into it overwrote or
+    # appended to the file outside (issue 25, item 2); the run now stops before writing, naming the link
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not yours\n")
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", trainer__max_steps=1, trainer__eval_every=0)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / name).symlink_to(victim)
+    res = run_inproc(capfd, "train", path)
+    assert res.returncode != 0 and f"{run_dir / name} is a link" in res.stderr and "fix:" in res.stderr, res.stderr[-2000:]
+    assert victim.read_text() == "not yours\n" and "Traceback" not in res.stderr

@@ -169,6 +169,20 @@ def prepare(run_dir: Path) -> None:
         problem = storage_problem(err, run_dir) or err.strerror or str(err)
         raise TrainError(f"cannot create the run directory {run_dir} (trainer.output_dir): {problem}\n"
                          "  fix: set trainer.output_dir to a directory you can write") from None
+    refuse_links(run_dir)
+
+
+def refuse_links(run_dir: Path) -> None:
+    """rltune never writes through a link it did not make: a run directory (perhaps received from
+    someone else) whose recipe.yaml, train.log, metrics.jsonl, ... or .lock is a link would have the
+    run overwrite or append to the file it points at. The directory itself may be a link (the
+    user's own layout, e.g. runs -> /scratch/runs); what rltune writes inside it may not."""
+    for name in ARTIFACTS + (LOCK, PREVIOUS):
+        p = run_dir / name
+        if p.is_symlink():
+            raise TrainError(f"{p} is a link (to {os.readlink(p)}); rltune writes this file and never writes "
+                             "through a link (it would change the file it points at)\n"
+                             f"  fix: remove the link ({p}), or set trainer.output_dir to another directory")
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -297,7 +311,7 @@ class RunLock:
               "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         for _ in range(20):
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
             except OSError as err:
                 problem = storage_problem(err, self.path.parent) or err.strerror or str(err)
                 raise TrainError(f"cannot write to the run directory {self.path.parent}: {problem}\n"
