@@ -57,6 +57,23 @@ CASES = [
      "remove rollout.lora_sync", [LORA, "rollout.engine=hf"]),
     ("lora-sync-adapter", MINIMAL, [LORA, "rollout.engine=vllm", "rollout.lora_sync=adapter", "trainer.device=cpu"],
      "info", "set rollout.lora_sync: merged", [LORA, "rollout.engine=vllm", "trainer.device=cpu"]),
+    # a typo beside good names: PEFT would train without v_proj (issue 25, item 10)
+    ("lora-target-unknown", MINIMAL, ["model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_prj, lm_head]}"], "error",
+     "set model.lora.target_modules: [q_proj, v_proj, lm_head]", [LORA]),
+    ("lora-target-unknown", MINIMAL, ["model.policy=builtin:smollm2-135m-instruct", "actor.lr=1e-5",
+                                      "model.lora={r: 8, alpha: 16, target_modules: [q_proj, model.layers.29.mlp.gate]}"],
+     "error", "set model.lora.target_modules: [q_proj, model.layers.29.mlp.gate_proj]",
+     ["model.policy=builtin:smollm2-135m-instruct", "actor.lr=1e-5",
+      "model.lora={r: 8, alpha: 16, target_modules: [q_proj, model.layers.29.mlp.gate_proj]}"]),
+    # an adapter on a tied head or embedding (tiny-qwen2) where merged weights are needed (issue 25, item 9)
+    ("lora-tied-merge", MINIMAL, ["model.policy=builtin:tiny-qwen2", LORA, "trainer.save_merged=true"], "error",
+     "leave lm_head out of model.lora.target_modules", ["model.policy=builtin:tiny-qwen2", LORA, "rollout.engine=hf"]),
+    ("lora-tied-merge", MINIMAL, ["model.policy=builtin:tiny-qwen2", "rollout.engine=vllm",
+                                  "model.lora={r: 8, alpha: 16, target_modules: [q_proj, embed_tokens]}"], "error",
+     "leave embed_tokens out of model.lora.target_modules",
+     ["model.policy=builtin:tiny-qwen2", "rollout.engine=vllm", "model.lora={r: 8, alpha: 16, target_modules: [q_proj]}"]),
+    ("lora-tied-merge", MINIMAL, ["model.policy=builtin:tiny-qwen2", LORA], "info", "set rollout.engine: hf",
+     [LORA, "trainer.save_merged=true"]),    # tiny-llama's head is its own tensor: merged weights hold it
 ]
 LORA_RULES = {c[0] for c in CASES}
 
@@ -114,6 +131,23 @@ def test_lora_r_large_only_where_sizes_are_known(write):
     assert smallest_target("builtin:tiny-llama", ["model.layers.0.mlp.down_proj"]) == ("down_proj", 64)
     assert smallest_target("builtin:tiny-llama", ["not_a_module"]) is None  # the start-of-run check's case
     assert smallest_target("hub/id", "all-linear") is None
+
+
+def test_target_names_are_checked_where_the_layout_is_known(write):
+    path = write(PPO)
+    # the critic's backbone has no lm_head: the actor's head in the list is no typo there
+    _, f = check(path, [LORA, "model.critic=builtin:tiny-qwen2", "actor.lr=1e-5", "critic.lr=3e-5"])
+    assert [x for x in f if x.rule == "lora-target-unknown"] == []
+    # the message names what exists and the close name; a name with nothing close is dropped from the fix
+    _, f = check(path, ["model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_prj, qkv_linear]}"])
+    [x] = [x for x in f if x.rule == "lora-target-unknown"]
+    assert "v_prj (did you mean v_proj?), qkv_linear matches no module of model.policy builtin:tiny-llama" in x.message
+    assert "Modules an adapter can target there: down_proj, embed_tokens, gate_proj" in x.message
+    assert x.fix == "set model.lora.target_modules: [q_proj, v_proj]"
+    # unknown layouts (a hub id, a directory) are left to the start-of-run check
+    for spec in ("some-org/some-7b", "./my-model"):
+        _, f = check(path, [f"model.policy={spec}", "model.lora={r: 8, alpha: 16, target_modules: [v_prj]}"])
+        assert [x for x in f if x.rule == "lora-target-unknown"] == [], spec
 
 
 def test_lora_sync_adapter_with_vllm_says_what_the_start_says(write):

@@ -25,7 +25,7 @@ CASES = [
     ("setting-without-effect", MINIMAL, ["reward.timeout=5"], "error", "set reward.isolate: true",
      ["reward.timeout=5", "reward.isolate=true"]),
     ("setting-without-effect", MINIMAL, ["rollout.lora_sync=adapter"], "error", "remove rollout.lora_sync",
-     ["rollout.lora_sync=merged", LORA]),
+     ["rollout.lora_sync=merged"]),
     ("setting-without-effect", MINIMAL, ["logging.mlflow_tracking_uri=http://h:5000"], "error", "set logging.mlflow: true",
      ["logging.mlflow_tracking_uri=http://h:5000", "logging.mlflow=true"]),
     ("mask-truncated-short", MINIMAL, ["rollout.mask_truncated=true", "rollout.max_new_tokens=6"], "warning",
@@ -41,3 +41,12 @@ def test_rule_fires_with_its_fix_and_stays_silent(write, rule, base, bad, severi
 def test_registered_before_the_waiver_rules():
     ids = list(RULES)
     assert {c[0] for c in CASES} <= set(ids) and ids[-2:] == ["unknown-waiver", "waived-error"]
+
+
+def test_a_resolved_recipe_with_every_default_written_out_is_clean(write):
+    # RUN/recipe.yaml writes every key; defaults (reward.timeout 60, rollout.lora_sync merged) do nothing
+    # harmful and are not findings
+    from rltune.recipe import check
+
+    _, findings = check(write(MINIMAL), ["reward.timeout=60", "rollout.lora_sync=merged"])
+    assert "setting-without-effect" not in {f.rule for f in findings}

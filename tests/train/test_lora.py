@@ -119,16 +119,19 @@ def test_reference_is_the_base_model_exactly(dist):
 
 def test_hf_engine_samples_with_the_live_adapter(dist):
     from rltune.engine.roles import build_actor
+    from rltune.models.adaptation import adaptation_of
     from rltune.models.loading import load_causal_lm, load_tokenizer
-    from rltune.models.lora import rollout_model
     from rltune.rollout.base import Sampling
     from rltune.rollout.hf import HFRollout
     from rltune.train.update import forward_logp
 
     r = _recipe()
     actor = build_actor(r, "cpu", 10)
+    adaptation = adaptation_of(actor)                                 # the role knows it is adapted
+    assert adaptation.adapted
     tok = load_tokenizer("builtin:tiny-llama")
-    engine = HFRollout(rollout_model(load_causal_lm("builtin:tiny-llama", "fp32", "sdpa", "cpu"), r.model.lora), tok)
+    engine = HFRollout(adaptation.wrap(load_causal_lm("builtin:tiny-llama", "fp32", "sdpa", "cpu"), "rollout"), tok,
+                       adaptation=adaptation)
     engine.sync_weights(actor)
     own = dict(engine.model.named_parameters())
     from rltune.models.lora import hf_rollout_name
@@ -474,16 +477,14 @@ def test_lora_without_the_head_cannot_move_a_random_model(tmp_path, capfd):
     assert min(m["actor/entropy"] for m in metrics) > 4.25                             # the best reachable: 4.30
 
 
-def test_adapted_lm_head_merges_untied_and_is_refused_tied(dist):
+def test_adapted_lm_head_merges_untied(dist):
     """lm_head in target_modules (what a random model needs): merged into an untied head (tiny-llama:
-    the merged model equals the adapted one); with a head tied to the embedding (tiny-qwen2) the
-    merged weights cannot hold it: an error with the fix, at start with trainer.save_merged, instead
-    of the head's update silently missing from vLLM's weights and final/merged/."""
+    the merged model equals the adapted one). A tied head: the next tests."""
     from transformers import AutoModelForCausalLM
 
     from rltune.engine.roles import build_actor
     from rltune.models.loading import resolve_model_dir
-    from rltune.models.lora import LoraError, merged_params, tied_adapted_layers
+    from rltune.models.lora import merged_params, tied_adapted_layers
 
     head = {"target_modules": ["q_proj", "lm_head"]}
     actor = build_actor(_recipe(lora=head), "cpu", 10)
@@ -497,11 +498,115 @@ def test_adapted_lm_head_merges_untied_and_is_refused_tied(dist):
         torch.testing.assert_close(plain(input_ids=ids).logits, actor.module(input_ids=ids).logits,
                                    rtol=1e-5, atol=1e-5)
 
-    r = _recipe(lora=head, policy="builtin:tiny-qwen2")
-    actor = build_actor(r, "cpu", 10)                                 # the hf engine samples with it: fine
-    assert tied_adapted_layers(actor) == ["lm_head"]
-    with pytest.raises(LoraError, match="leave lm_head out of model.lora.target_modules"):
+
+def _with(r, section: str, **fields):
+    return r.model_copy(update={section: getattr(r, section).model_copy(update=fields)})
+
+
+@pytest.mark.parametrize("target,module", [("lm_head", "lm_head"), ("embed_tokens", "model.embed_tokens")])
+def test_tied_adapted_module_is_refused_where_merged_weights_are_needed(dist, target, module):
+    """Issue 25 (9): tiny-qwen2's head and input embedding are one tensor. An adapter on either makes
+    the adapted model's head differ from its embedding, which no merge into that tensor holds (before:
+    lm_head's merged head == the base's, embed_tokens' delta reached the head too, |adapter - merged|
+    = 36 in the logits). The hf engine samples with the adapter itself (auto takes it); merged weights
+    (vLLM's sync, trainer.save_merged) refuse once the actor is built, naming the module and the fix."""
+    from rltune.engine.roles import build_actor
+    from rltune.models.adaptation import adaptation_of
+    from rltune.models.lora import LoraError, merged_params
+
+    r = _recipe(lora={"target_modules": ["q_proj", target]}, policy="builtin:tiny-qwen2")
+    actor = build_actor(r, "cpu", 10)                                 # rollout.engine auto: make_rollout takes hf
+    adaptation = adaptation_of(actor)
+    assert adaptation.tied == [module]
+    assert "leave" in adaptation.check_rollout("vllm") and adaptation.check_rollout("hf") is None
+    with pytest.raises(LoraError, match=f"leave {target} out of model.lora.target_modules"):
         next(iter(merged_params(actor)))
-    r = r.model_copy(update={"trainer": r.trainer.model_copy(update={"save_merged": True})})
-    with pytest.raises(LoraError, match="trainer.save_merged"):
-        build_actor(r, "cpu", 10)
+    for bad, what in ((_with(r, "trainer", save_merged=True), "trainer.save_merged"),
+                      (_with(r, "rollout", engine="vllm"), "rollout.lora_sync: merged")):
+        with pytest.raises(LoraError, match=what):
+            build_actor(bad, "cpu", 10)
+    # vLLM taking the adapter itself (not merged weights) is not refused for the tie
+    build_actor(_with(_with(r, "rollout", engine="vllm"), "rollout", lora_sync="adapter"), "cpu", 10)
+
+
+@pytest.mark.parametrize("needs", ["save_merged", "vllm"])
+@pytest.mark.parametrize("target", ["lm_head", "embed_tokens"])
+def test_tied_adapted_module_is_refused_before_the_model_loads(tmp_path, capfd, monkeypatch, target, needs):
+    """The tie is in the model's config: a run that needs merged weights stops at start, before any
+    model is loaded (a local directory, which lint cannot read; builtin:tiny-qwen2 gets lint
+    lora-tied-merge: tests/recipe/test_rules_lora.py)."""
+    from rltune.engine import roles
+    from rltune.models.builtin import build_tiny
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(roles, "load_causal_lm", loaded)
+    model_dir = build_tiny("tiny-qwen2", tmp_path / "tiny-qwen2-dir")
+    extra = {"trainer__save_merged": True} if needs == "save_merged" else {"rollout__engine": "vllm"}
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", model__policy=str(model_dir), trainer__max_steps=1,
+                       model__lora={**LORA, "target_modules": ["q_proj", target]}, **extra)
+    res = run_inproc(capfd, "train", path)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert f"adapts {target}" in res.stderr and f"leave {target} out of model.lora.target_modules" in res.stderr
+    assert ("trainer.save_merged" if needs == "save_merged" else "rollout.lora_sync: merged") in res.stderr
+    assert "the model was loaded" not in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_target_name_that_matches_nothing_is_refused(dist):
+    """Issue 25 (10): [q_proj, v_prj] trained q_proj alone (PEFT stops only when no name matches):
+    every listed name must match a module; the error names what exists and the close name."""
+    from rltune.engine.roles import build_actor, build_critic
+    from rltune.models.lora import LoraError
+
+    with pytest.raises(LoraError) as err:
+        build_actor(_recipe(lora={"target_modules": ["q_proj", "v_prj"]}), "cpu", 10)
+    msg = str(err.value)
+    assert "v_prj (did you mean v_proj?) matches no module of this model" in msg
+    assert "down_proj, embed_tokens, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj" in msg
+    assert msg.endswith("fix: set model.lora.target_modules: [q_proj, v_proj]")
+    # a dotted name is matched as PEFT does (the end of a module's name)
+    build_actor(_recipe(lora={"target_modules": ["layers.0.self_attn.q_proj", "lm_head"]}), "cpu", 10)
+    # the critic's backbone has no output head: the actor's lm_head in the list is no typo there
+    build_critic(_recipe("ppo", lora={"target_modules": ["q_proj", "lm_head"]}), "cpu", 10)
+    with pytest.raises(LoraError, match="k_prj"):
+        build_critic(_recipe("ppo", lora={"target_modules": ["k_prj", "lm_head"]}), "cpu", 10)
+
+
+def test_resume_refuses_another_base_model(tmp_path, capfd):
+    """Issue 25 (11): the checkpoint holds the adapter only, the base comes from model.policy again.
+    A base whose weights changed since (here one weight, by 1e-3) is refused on resume with both
+    fingerprints and the fix; a checkpoint from before fingerprints resumes with a warning."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    from rltune.models.builtin import build_tiny
+    from rltune.train import checkpoint as ckpt
+
+    base = build_tiny("tiny-llama", tmp_path / "base")
+    path = tiny_recipe(tmp_path, "tiny-grpo-lora.yaml", model__policy=str(base), trainer__max_steps=2,
+                       trainer__save_every=2, trainer__eval_every=0, rollout__max_new_tokens=4)
+    res = run_inproc(capfd, "train", path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    weights = load_file(base / "model.safetensors")
+    weights["model.layers.0.self_attn.q_proj.weight"][0, 0] += 1e-3
+    save_file(weights, base / "model.safetensors", metadata={"format": "pt"})
+    res = run_inproc(capfd, "train", path, "trainer.max_steps=3", "--resume", "auto")
+    assert res.returncode == 1, res.stderr[-3000:]                   # before: resumed on the edited base
+    step = tmp_path / "run" / "checkpoints" / "step-00000002"
+    saved = json.loads((step / "actor" / "base.json").read_text())
+    assert re.fullmatch("[0-9a-f]{64}", saved["fingerprint"]) and saved["model.policy"] == str(base)
+    now = re.search(r"; ([0-9a-f]{64}) now", res.stderr)
+    assert now and now.group(1) != saved["fingerprint"] and saved["fingerprint"] in res.stderr
+    assert "trained on other base weights than model.policy" in res.stderr
+    assert "fix: point model.policy at the original base model, or --resume never" in res.stderr
+    assert "Traceback" not in res.stderr
+
+    # a checkpoint written before fingerprints: resumed, with a warning that nothing was checked
+    (step / "actor" / "base.json").unlink()
+    header = {k: v for k, v in json.loads((step / "manifest.json").read_text()).items() if k != "files"}
+    ckpt.write_manifest(step, header)
+    res = run_inproc(capfd, "train", path, "trainer.max_steps=3", "--resume", "auto")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "holds no fingerprint of the actor's base weights" in res.stderr and "resumed from" in res.stderr

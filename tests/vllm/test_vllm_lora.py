@@ -63,3 +63,43 @@ def test_sync_follows_the_adapter(tmp_path, sync):
         assert mean < 1e-4, mean
     finally:
         engine.close()
+
+
+def test_tied_adapted_module_keeps_vllm_out(tmp_path, monkeypatch):
+    """Issue 25 (9): an adapter on a tied head (tiny-qwen2's lm_head) cannot be merged into vLLM's
+    weights: `auto` takes hf (it samples with the adapter itself) and says why; `vllm` is refused
+    before the engine starts (before: vLLM started, and the first merged sync failed or lost the
+    head's update). vLLM taking the adapter itself (lora_sync: adapter) is not refused for it."""
+    from rltune.errors import UserError
+    from rltune.models import load_causal_lm, load_tokenizer
+    from rltune.models.adaptation import adaptation_for
+    from rltune.models.builtin import build_tiny
+    from rltune.recipe.schema import Recipe
+    from rltune.rollout import RolloutEngineError, make_rollout, pick_engine
+    from rltune.rollout import vllm as vllm_mod
+
+    model_dir = str(build_tiny("tiny-qwen2", tmp_path / "tiny-qwen2"))
+    assert pick_engine("auto", "cpu", model_dir)[0] == "vllm"          # vLLM could serve the model itself
+
+    def recipe(engine, sync="merged"):
+        return Recipe.model_validate({
+            "model": {"policy": model_dir, "lora": {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "lm_head"]}},
+            "data": {"train": "builtin:arithmetic"}, "reward": {"functions": ["builtin:exact_answer"]},
+            "rollout": {"engine": engine, "lora_sync": sync}})
+
+    tok = load_tokenizer(model_dir)
+    r = recipe("auto")
+    adaptation = adaptation_for(r)
+    engine = make_rollout(r, lambda: adaptation.wrap(load_causal_lm(model_dir), "rollout"), tok, "cpu",
+                          adaptation=adaptation)
+    assert engine.name == "hf", engine.reason
+    assert "auto: vLLM cannot take this run's weights" in engine.reason and "lm_head" in engine.reason
+
+    def started(*args, **kwargs):
+        raise AssertionError("vLLM was started")
+
+    monkeypatch.setattr(vllm_mod.VLLMRollout, "__init__", started)
+    with pytest.raises(UserError, match="leave lm_head out of model.lora.target_modules"):
+        make_rollout(recipe("vllm"), None, tok, "cpu")
+    with pytest.raises(RolloutEngineError, match="vLLM was started"):   # the adapter sync goes ahead
+        make_rollout(recipe("vllm", sync="adapter"), None, tok, "cpu")

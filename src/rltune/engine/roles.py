@@ -15,6 +15,7 @@ import math
 import torch
 from torch import nn
 
+from ..models.adaptation import adaptation_for
 from ..models.loading import load_backbone, load_causal_lm
 
 
@@ -175,33 +176,27 @@ def _zero3_context(opt_cfg, precision, micro_batch, device):
     return HfDeepSpeedConfig(ds_config(opt_cfg, precision, micro_batch, device, with_optimizer=True))
 
 
-def build_actor(recipe, device: str, total_updates: int):
+def build_actor(recipe, device: str, total_updates: int, adaptation=None):
+    """`adaptation`: the run's (models/adaptation.py); by default the recipe's."""
+    adaptation = adaptation or adaptation_for(recipe)
     keep = _zero3_context(recipe.actor, recipe.trainer.precision, recipe.train.micro_batch_size, device)  # noqa: F841
     model = load_causal_lm(recipe.model.policy, "fp32", recipe.model.attn_implementation, device,
                            recipe.model.trust_remote_code)
     model.config.use_cache = False
     if recipe.actor.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if recipe.model.lora is not None:  # base frozen, only the adapter trains (models/lora.py)
-        from ..models.lora import LoraError, apply_lora, tied_adapted_layers, tied_message
-
-        model = apply_lora(model, recipe.model.lora, task_type="CAUSAL_LM")
-        tied = tied_adapted_layers(model) if recipe.trainer.save_merged else []
-        if tied:   # at start, not after the run (final/merged/ is written last)
-            raise LoraError(tied_message(tied, "trainer.save_merged's merged model"))
+    model = adaptation.wrap(model, "actor")   # LoRA: base frozen, only the adapter trains
     _dropout_off(model, "actor")
-    return _initialize(model, recipe.actor, recipe.trainer.precision, recipe.train.micro_batch_size,
-                       device, total_updates)
+    return adaptation.attach(_initialize(model, recipe.actor, recipe.trainer.precision,
+                                         recipe.train.micro_batch_size, device, total_updates))
 
 
-def build_critic(recipe, device: str, total_updates: int):
+def build_critic(recipe, device: str, total_updates: int, adaptation=None):
+    adaptation = adaptation or adaptation_for(recipe)
     spec = recipe.model.critic or recipe.model.policy
     keep = _zero3_context(recipe.critic, recipe.trainer.precision, recipe.train.micro_batch_size, device)  # noqa: F841
     backbone = load_backbone(spec, "fp32", recipe.model.attn_implementation, device, recipe.model.trust_remote_code)
-    if recipe.model.lora is not None:  # the backbone gets an adapter; the value head (below) trains fully
-        from ..models.lora import apply_lora
-
-        backbone = apply_lora(backbone, recipe.model.lora, task_type=None)
+    backbone = adaptation.wrap(backbone, "critic")   # LoRA: the backbone's adapter; the value head trains fully
     if recipe.critic.zero_stage == 3:
         import deepspeed
 
@@ -214,8 +209,8 @@ def build_critic(recipe, device: str, total_updates: int):
     _dropout_off(model, "critic")
     if recipe.critic.gradient_checkpointing:
         backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return _initialize(model, recipe.critic, recipe.trainer.precision, recipe.train.micro_batch_size,
-                       device, total_updates)
+    return adaptation.attach(_initialize(model, recipe.critic, recipe.trainer.precision,
+                                         recipe.train.micro_batch_size, device, total_updates))
 
 
 def build_reference(recipe, device: str):

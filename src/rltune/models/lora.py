@@ -1,9 +1,11 @@
 """LoRA adapters through PEFT (`model.lora`): build, reference view, merged weights, export.
 
-What LoRA changes in a run, and where it happens:
+The run reaches this module through `models.adaptation.LoraAdapter` (the seam: call sites ask
+the role's adaptation, never `model.lora`). What LoRA changes, and where it happens here:
 - actor (and, for PPO, the critic backbone): `apply_lora` wraps the model in a PEFT model whose
   base weights are frozen; only the adapter (and the biases `bias` names) has requires_grad, so
-  only those reach the optimizer (`engine.roles`). The critic's value head stays fully trainable.
+  only those reach the optimizer. Every listed target name must match a module (`check_targets`).
+  The critic's value head stays fully trainable.
 - reference: `AdapterDisabledReference`, the actor's own module run under PEFT's
   `disable_adapter` context: the base model's output, exactly, without a second copy of the
   weights. Only with `bias: none` (trained biases live inside the base layers, so disabling the
@@ -11,12 +13,13 @@ What LoRA changes in a run, and where it happens:
 - rollout: the hf engine gets a model with the same adapter layers (`rollout_model`), whose base
   weights and adapter point at the actor's own tensors after `sync_weights`; vLLM gets the merged
   weights (`merged_params`: W + scaling * B @ A into new tensors, the actor untouched) under the
-  base model's parameter names, through its in-place reload.
+  base model's parameter names, through its in-place reload, or the adapter (`write_adapter`).
+  An adapted module whose weight is tied (tie_word_embeddings) cannot be merged (`tied_adapted_layers`).
 - dropout: none. The adapter is built without it whatever `model.lora.dropout` says (lint
   `lora-dropout`), like every other dropout of the actor and critic (`engine.roles.disable_dropout`):
   the update's first forward must reproduce pi_behaviour, which is computed without dropout.
-- checkpoints: DeepSpeed saves the trainable parameters only (`has_frozen`), and loads them
-  non-strictly (the frozen base comes from `model.policy` again).
+- checkpoints: the trainable parameters only, and the base weights' fingerprint
+  (`base_fingerprint`): the frozen base comes from `model.policy` again on resume, and must be the same.
 - final/: the adapter in PEFT format (adapter_config.json, adapter_model.safetensors) and, with
   `trainer.save_merged`, the merged model in HF format in final/merged/.
 
@@ -25,12 +28,13 @@ What LoRA changes in a run, and where it happens:
 
 from __future__ import annotations
 
-import sys
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Iterator
 
 from ..errors import UserError
+from .lora_names import check_rollout_sync  # noqa: F401  (imported from here too)
+from .lora_names import targets_message, tied_message, unmatched_targets
 
 PEFT_PREFIX = "base_model.model."   # PeftModel's prefix before the wrapped model's parameter names
 MERGED_DIR = "merged"               # final/merged/: the merged model (trainer.save_merged)
@@ -55,21 +59,35 @@ def lora_config(cfg, task_type: str | None = None):
 def apply_lora(model, cfg, task_type: str | None = "CAUSAL_LM", autocast_adapter_dtype: bool = True):
     """`model` wrapped in a PEFT model with a fresh adapter (lora_B = 0: the output is the base
     model's until the adapter trains); base weights frozen. `task_type`: CAUSAL_LM for a causal
-    LM (actor, rollout copy), None for a bare backbone (the critic's)."""
+    LM (actor, rollout copy), None for a bare backbone (the critic's). Every name listed in
+    `target_modules` must match a module (`check_targets`)."""
     from peft import get_peft_model
 
+    check_targets(model, cfg.target_modules)
     try:
         peft_model = get_peft_model(model, lora_config(cfg, task_type), autocast_adapter_dtype=autocast_adapter_dtype)
     except ValueError as err:
         text = str(err).splitlines()[0][:300]
         if "not found" in text or "target" in text.lower():
-            names = sorted(linear_module_names(model))
+            names = sorted(adaptable_module_names(model))
             raise LoraError(f"model.lora.target_modules {cfg.target_modules!r}: {text}\n"
-                            f"  linear modules in this model: {', '.join(names) or '(none)'}\n"
+                            f"  modules an adapter can target in this model: {', '.join(names) or '(none)'}\n"
                             f"  fix: list some of these names, or use target_modules: all-linear") from err
         raise
     check_rank(peft_model, int(cfg.r))
     return peft_model
+
+
+def check_targets(model, target_modules) -> None:
+    """Every listed name must match some module of `model` (PEFT only stops when none does: a typo
+    next to a good name would train without it). A bare backbone (the critic's) has no output
+    head: a listed head name is the actor's, not a typo."""
+    ignore = ("lm_head",) if model.get_output_embeddings() is None else ()
+    names = [n for n, _ in model.named_modules() if n]
+    unmatched = unmatched_targets(names, target_modules, ignore)
+    if unmatched:
+        msg, fix = targets_message(target_modules, unmatched, adaptable_module_names(model), "this model")
+        raise LoraError(f"{msg}\n  fix: {fix}")
 
 
 def check_rank(peft_model, r: int) -> None:
@@ -89,27 +107,18 @@ def check_rank(peft_model, r: int) -> None:
                         f"  fix: set model.lora.r <= {smallest}, or leave that module out of model.lora.target_modules")
 
 
-def linear_module_names(model) -> set[str]:
-    """Last name components of the model's linear layers (what target_modules can name)."""
+def adaptable_module_names(model) -> set[str]:
+    """Last name components of the model's linear layers and embeddings (what target_modules
+    usually names)."""
     import torch
 
-    return {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name}
+    kinds = (torch.nn.Linear, torch.nn.Embedding)
+    return {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+            if name and (isinstance(m, kinds) or type(m).__name__ == "Conv1D")}
 
 
 def _module(engine_or_module):
     return getattr(engine_or_module, "module", engine_or_module)
-
-
-def is_lora(engine_or_module) -> bool:
-    """Whether a model (or a DeepSpeed engine around one) is a PEFT model. Never imports peft:
-    when it was not imported, nothing can be one."""
-    peft = sys.modules.get("peft")
-    return peft is not None and isinstance(_module(engine_or_module), peft.PeftModel)
-
-
-def has_frozen(engine) -> bool:
-    """Some parameters are frozen (LoRA's base weights): checkpoints hold the trainable ones only."""
-    return any(not p.requires_grad for p in _module(engine).parameters())
 
 
 def adapter_reference_ok(recipe) -> bool:
@@ -275,15 +284,6 @@ def tied_adapted_layers(engine_or_module) -> list[str]:
     return out
 
 
-def tied_message(tied: list[str], what: str) -> str:
-    short = sorted({n.rsplit(".", 1)[-1] for n in tied})
-    return (f"model.lora.target_modules adapts {', '.join(tied)}, whose weight is tied to the input embedding "
-            f"(tie_word_embeddings): {what} cannot hold it (the merged head would have to differ from the "
-            f"embedding it shares its tensor with)\n"
-            f"  fix: leave {', '.join(short)} out of model.lora.target_modules, or use rollout.engine: hf "
-            f"(it samples with the adapter itself) and trainer.save_merged: false")
-
-
 def _gathered(params, zero3: bool):
     if not zero3:
         return nullcontext()
@@ -303,6 +303,33 @@ def input_embedding_base_name(engine) -> str | None:
         if p is emb:
             return base_name(name)
     return None
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def base_fingerprint(engine) -> str:
+    """sha256 over the frozen (base) parameters, in the module's order: each one's name, shape,
+    dtype and bytes. The checkpoint keeps it; a resume whose `model.policy` now loads other base
+    weights (edited, or a hub id resolving to a new revision) is refused. Linear in the model's
+    size (~0.3 s for SmolLM2-135M's 540 MB on one core); under ZeRO-3 each parameter is gathered
+    in turn (every rank takes part)."""
+    import hashlib
+
+    import torch
+
+    from ..engine.weights import is_zero3
+
+    zero3 = is_zero3(engine)
+    h = hashlib.sha256()
+    for name, p in _module(engine).named_parameters():
+        if p.requires_grad:
+            continue
+        with _gathered([p], zero3):
+            t = p.detach().to("cpu").contiguous()
+            h.update(f"{base_name(name)} {tuple(t.shape)} {t.dtype}\n".encode())
+            h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    return h.hexdigest()
 
 
 # ------------------------------------------------------------------ final/
@@ -352,32 +379,7 @@ def _save_plain(base, state: dict, out: Path) -> None:
     plain.save_pretrained(out, safe_serialization=True)
 
 
-# ------------------------------------------------------------------ checks and start-up line
-
-
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)   # vLLM's allowed max_lora_rank values
-
-
-def vllm_max_lora_rank(r: int) -> int | None:
-    """The smallest rank vLLM accepts as max_lora_rank that holds `r`; None above vLLM's largest."""
-    return next((x for x in VLLM_LORA_RANKS if x >= int(r)), None)
-
-
-def check_rollout_sync(recipe, engine_name: str) -> str | None:
-    """None when `rollout.lora_sync` works with this rollout engine, else the user-facing error.
-    `adapter` with vLLM: the engine loads the adapter (A, B) as a vLLM LoRA; vLLM's adapters carry
-    no biases and have a largest rank."""
-    lora = recipe.model.lora
-    if lora is None or recipe.rollout.lora_sync != "adapter" or engine_name != "vllm":
-        return None
-    if lora.bias != "none":
-        return (f"rollout.lora_sync: adapter with model.lora.bias {lora.bias}: vLLM's LoRA adapters carry no "
-                "biases, so the engine would sample with stale ones\n"
-                "  fix: set rollout.lora_sync: merged (the merged weights include the biases), or model.lora.bias: none")
-    if vllm_max_lora_rank(lora.r) is None:
-        return (f"rollout.lora_sync: adapter with model.lora.r {lora.r}: vLLM's LoRA supports ranks up to "
-                f"{VLLM_LORA_RANKS[-1]}\n  fix: set rollout.lora_sync: merged, or model.lora.r <= {VLLM_LORA_RANKS[-1]}")
-    return None
+# ------------------------------------------------------------------ vLLM's adapter sync, the start-up line
 
 
 def write_adapter(engine, out: Path) -> None:

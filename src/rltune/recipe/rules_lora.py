@@ -1,12 +1,14 @@
 """Lint rules for LoRA adapters (`model.lora`): the learning rate an adapter needs, a rank the
 targeted layers cannot hold, the alpha / r scaling, a dropout that RL forwards do not use, a tiny
-random model's frozen output head, and the rollout sync mode.
+random model's frozen output head, a target name that matches no module, a tied head or embedding
+where merged weights are needed, and the rollout sync mode.
 
 Same shape as rules.py (id, severity, condition, why; a fix that names the new value). The rules
 register in rules.RULES when rules.py imports this module, before its waiver rules. Lint cannot
 load the model (no torch): what needs the model's modules is checked when the run starts
-(models/lora.py: a `target_modules` name that matches nothing stops the run with the names that
-exist; `lora-r-large` here only fires where the layer sizes are known without loading anything).
+(models/adaptation.py, models/lora.py: a `target_modules` name that matches nothing, a tied module
+where merged weights are needed); the rules here say the same before the run wherever the model's
+sizes and module names are known without loading anything (the builtin models, models/lora_names.py).
 
 Source for the learning rate: J. Schulman and Thinking Machines Lab, "LoRA Without Regret"
 (2025): with LoRA on all layers the optimal lr came out ~10x full fine-tuning's, measured with
@@ -28,6 +30,15 @@ from rltune.recipe.rules_base import (
     Hit,
     num,
     rule,
+)
+from rltune.models.lora_names import (
+    HEAD,
+    adaptable_names,
+    layout_module_names,
+    targets_message,
+    tied_message,
+    tied_targets,
+    unmatched_targets,
 )
 from rltune.recipe.schema import Recipe
 
@@ -150,7 +161,6 @@ def lora_dropout(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 # ---------------------------------------------------------------- the output head of a random model
 
 TINY_PREFIX = "builtin:tiny-"    # random weights (models/builtin.py): nothing is pretrained
-HEAD = "lm_head"
 
 
 @rule("lora-frozen-head", "warning",
@@ -181,6 +191,68 @@ def lora_frozen_head(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
               f"set model.lora.target_modules: [{', '.join(names + [HEAD])}]{note}")
 
 
+# ---------------------------------------------------------------- target names and tied modules
+
+def _model_specs(r: Recipe) -> list:
+    """(key, spec, causal LM?) of the models that get an adapter: the policy, and a PPO critic of
+    its own (a bare backbone: no output head)."""
+    out = [("model.policy", r.model.policy, True)]
+    if r.has_critic and r.model.critic and r.model.critic != r.model.policy:
+        out.append(("model.critic", r.model.critic, False))
+    return out
+
+
+@rule("lora-target-unknown", "error",
+      "a name in model.lora.target_modules matches no module of the model (checked where the module names are "
+      "known without loading it: the builtin models)",
+      "PEFT adapts the modules whose name is, or ends with, a listed name, and stops only when no listed name "
+      "matches anything: a typo next to a good name (v_prj beside q_proj) would train without that module")
+def lora_target_unknown(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    lora = r.model.lora
+    if lora is None or isinstance(lora.target_modules, str):
+        return
+    for key, spec, causal_lm in _model_specs(r):
+        cfg = _builtin_config(spec)
+        names = cfg and layout_module_names(cfg.get("model_type", ""), cfg["num_hidden_layers"], head=causal_lm)
+        if not names:
+            continue
+        unmatched = unmatched_targets(names, lora.target_modules, ignore=() if causal_lm else (HEAD,))
+        if unmatched:
+            msg, fix = targets_message(lora.target_modules, unmatched, adaptable_names(names), f"{key} {spec}")
+            yield Hit("model.lora.target_modules", msg + " (the run would stop at start)", fix)
+            return
+
+
+@rule("lora-tied-merge", "error",
+      "model.lora adapts lm_head or embed_tokens of a model whose head is tied to its input embedding "
+      "(tie_word_embeddings: builtin:tiny-qwen2, SmolLM2) and the run needs merged weights: trainer.save_merged, "
+      "or rollout.engine vllm with rollout.lora_sync merged (an info with rollout.engine auto: it takes hf)",
+      "merged weights are one tensor for the embedding and the head, but the adapted model's head and embedding "
+      "differ once the adapter trains: the merge would drop the adapter from one of them or apply it to both")
+def lora_tied_merge(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    lora = r.model.lora
+    cfg = _builtin_config(r.model.policy) if lora is not None else None
+    tied = tied_targets(bool(cfg and cfg.get("tie_word_embeddings")), lora.target_modules) if cfg else []
+    if not tied:
+        return
+    merged_sync = r.rollout.lora_sync == "merged"
+    if r.trainer.save_merged:
+        what, key = "trainer.save_merged's merged model (final/merged/)", "trainer.save_merged"
+    elif r.rollout.engine == "vllm" and merged_sync:
+        what, key = "vLLM's merged-weight sync (rollout.lora_sync: merged)", "rollout.engine"
+    elif r.rollout.engine == "auto" and merged_sync:
+        yield Hit("rollout.engine",
+                  f"model.lora adapts {', '.join(tied)} of {r.model.policy}, whose head is tied to its embedding: "
+                  "vLLM's merged-weight sync cannot hold it, so rollout.engine auto will take hf (it samples with "
+                  "the adapter itself)",
+                  "set rollout.engine: hf to say so", severity="info")
+        return
+    else:
+        return
+    msg, _, fix = tied_message(tied, what).partition("\n  fix: ")
+    yield Hit(key, f"{msg} (the run would stop at start)", fix.strip())
+
+
 # ---------------------------------------------------------------- rollout sync
 
 @rule("lora-sync-adapter", "info",
@@ -198,7 +270,7 @@ def lora_sync_adapter(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
                   "remove rollout.lora_sync (it matters only for rollout.engine vllm)")
     elif engine == "vllm":
         # the same verdict the run gives at start, said before any GPU hour is spent
-        from rltune.models.lora import check_rollout_sync  # no torch at import
+        from rltune.models.lora_names import check_rollout_sync  # no torch at import
 
         problem = check_rollout_sync(r, "vllm")
         if problem:

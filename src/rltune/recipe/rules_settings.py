@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from rltune.recipe.rules_base import RULES, Ctx, Hit, num, rule
-from rltune.recipe.schema import Recipe
+from rltune.recipe.schema import Recipe, RewardCfg, RolloutCfg
 
 MASK_TRUNCATED_MIN_TOKENS = 64   # below this many new tokens, most answers of a real task are cut
 
@@ -41,22 +41,25 @@ def rollback_no_target(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 
 
 @rule("setting-without-effect", "error",
-      "trainer.save_merged without model.lora; reward.timeout set without reward.isolate; rollout.lora_sync set "
-      "without model.lora; logging.mlflow_tracking_uri without logging.mlflow",
+      "trainer.save_merged without model.lora; reward.timeout other than its default without reward.isolate; "
+      "rollout.lora_sync adapter without model.lora; logging.mlflow_tracking_uri without logging.mlflow",
       "the setting only acts together with another one that is off, so it would be silently ignored")
 def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     why = RULES["setting-without-effect"].why
     if r.trainer.save_merged and r.model.lora is None:
         yield Hit("trainer.save_merged", f"trainer.save_merged true without model.lora: {why} (final/ already holds "
                   "the full model)", "remove trainer.save_merged, or set model.lora")
-    if ctx.user_set(r, "reward.timeout") and not r.reward.isolate:
+    # compared with the defaults, not "written by the user": a run's resolved recipe.yaml writes every key
+    defaults = {"timeout": RewardCfg.model_fields["timeout"].default,
+                "lora_sync": RolloutCfg.model_fields["lora_sync"].default}
+    if r.reward.timeout != defaults["timeout"] and not r.reward.isolate:
         yield Hit("reward.timeout", f"reward.timeout {num(r.reward.timeout)} without reward.isolate: {why} (a call "
                   "in the trainer's process cannot be stopped)", "set reward.isolate: true, or remove reward.timeout")
     lg = r.logging
     if lg.mlflow_tracking_uri and not lg.mlflow:
         yield Hit("logging.mlflow_tracking_uri", f"logging.mlflow_tracking_uri set without logging.mlflow: {why}",
                   "set logging.mlflow: true, or remove logging.mlflow_tracking_uri")
-    if ctx.user_set(r, "rollout.lora_sync") and r.model.lora is None:
+    if r.rollout.lora_sync != defaults["lora_sync"] and r.model.lora is None:
         yield Hit("rollout.lora_sync", f"rollout.lora_sync {r.rollout.lora_sync} without model.lora: {why}",
                   "remove rollout.lora_sync, or set model.lora")
 

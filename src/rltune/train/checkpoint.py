@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ..models.adaptation import adaptation_of
 from .collective import barrier
 from .manifest import verify  # noqa: F401  (checkpoint.verify: the received-data checks live there)
 
@@ -96,11 +97,13 @@ def save(run_dir: Path, step: int, engines: dict, state: dict, gen: torch.Genera
         barrier()
         for name, engine in engines.items():
             if engine is not None:
-                # LoRA: the adapter (and its optimizer state) only; the frozen base is model.policy's
-                frozen = _has_frozen(engine)
+                # LoRA: the adapter (and its optimizer state) only, and the frozen base's fingerprint
+                adaptation = adaptation_of(engine)
+                frozen = adaptation.checkpoint_frozen(engine)
                 with _frozen_aliases_excluded(engine, frozen):
                     engine.save_checkpoint(str(tmp / name), tag="ds", save_latest=False,
                                            exclude_frozen_parameters=frozen)
+                adaptation.save_base(engine, tmp / name, rank, name)
         torch.save(rng_state(gen), tmp / f"rng-rank{rank}.pt")
         if pause is not None:  # tests: a window in which the save is half done (faults.py)
             pause(step)
@@ -221,7 +224,9 @@ def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
     with _WeightsOnlyLoads() as loads:
         for name, engine in engines.items():
             if engine is not None:
-                frozen = _has_frozen(engine)   # LoRA: the checkpoint holds the trainable parameters only
+                adaptation = adaptation_of(engine)
+                adaptation.check_base(engine, path / name, name)   # LoRA: the base it was trained on
+                frozen = adaptation.checkpoint_frozen(engine)      # LoRA: the trainable parameters only
                 engine.load_checkpoint(str(path / name), tag="ds", load_optimizer_states=True,
                                        load_lr_scheduler_states=True, load_module_strict=not frozen)
                 if frozen:
@@ -264,12 +269,6 @@ def _frozen_aliases_excluded(engine, active: bool):
         del engine.module_state_dict   # the class's method again
 
 
-def _has_frozen(engine) -> bool:
-    from ..models.lora import has_frozen
-
-    return has_frozen(engine)
-
-
 def _check_trainable_loaded(ckpt_dir: Path, engine, allowed: list) -> None:
     """A non-strict load (LoRA) must still have found every trainable parameter: a checkpoint
     of another adapter layout would otherwise leave fresh adapter weights in place unnoticed."""
@@ -293,40 +292,19 @@ def export_hf(actor_engine, tokenizer, out_dir: Path, rank: int, step: int | Non
     """The final policy as a `from_pretrained` directory (gathered from ZeRO-3 shards), written
     like a checkpoint: into final.tmp/, with a manifest.json (step, sizes, sha256), then
     renamed. A run killed meanwhile has no (or its old) final/; `--resume auto` exports again.
-    A LoRA actor: the adapter in PEFT format, and with `save_merged` the merged model in
-    final/merged/ (`models.lora.save_final`)."""
-    from ..engine.weights import full_state_dict
-    from ..models.lora import is_lora, save_final
-
-    lora = is_lora(actor_engine)
+    What is written is the actor's adaptation's (`write_final`): the full model, or a LoRA
+    adapter in PEFT format (with `save_merged` the merged model in final/merged/ too)."""
     tmp = out_dir.with_name(out_dir.name + ".tmp")
-    if lora:
-        try:
-            if rank == 0 and tmp.exists():
-                shutil.rmtree(tmp)
-            save_final(actor_engine, tokenizer, tmp, rank, save_merged)   # every rank takes part
-            if rank == 0:
-                write_manifest(tmp, {"step": step, "kind": "final", "lora": True, "merged": bool(save_merged)})
-                _swap_in(tmp, out_dir)
-        except BaseException:
-            if rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return
-    state = full_state_dict(actor_engine)  # every rank takes part in the gather
-    if rank != 0:
-        return
     try:
-        if tmp.exists():
+        if rank == 0 and tmp.exists():
             shutil.rmtree(tmp)
-        module = actor_engine.module
-        module.save_pretrained(tmp, state_dict={k: v.float() if v.is_floating_point() else v
-                                                for k, v in state.items()}, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        write_manifest(tmp, {"step": step, "kind": "final"})
-        _swap_in(tmp, out_dir)
+        header = adaptation_of(actor_engine).write_final(actor_engine, tokenizer, tmp, rank, save_merged)
+        if rank == 0:
+            write_manifest(tmp, {"step": step, "kind": "final", **header})
+            _swap_in(tmp, out_dir)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

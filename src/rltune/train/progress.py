@@ -180,10 +180,11 @@ def startup_lines(c, run_dir: Path, resumed_step: int | None) -> list[str]:
     ]
     if getattr(c.rollout, "kv_cache_line", ""):
         lines.append(c.rollout.kv_cache_line)
-    if r.model.lora is not None:
-        from ..models.lora import startup_line
+    from ..models.adaptation import adaptation_of
 
-        lines.append(startup_line(c))
+    adapted = adaptation_of(c.actor).summary(c)   # LoRA: r, alpha, what trains, reference, sync
+    if adapted:
+        lines.append(adapted)
     if r.algorithm.group_size > 1:
         from .shared_prompt import shared_prompt_reason
 

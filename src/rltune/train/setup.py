@@ -78,15 +78,12 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = N
 
     from ..algo import make_kl_controller
     from ..engine.roles import build_actor, build_critic, build_reference
+    from ..models.adaptation import adaptation_for
     from ..models.loading import load_causal_lm, load_tokenizer
     from ..reward import RewardComputer
 
-    if recipe.model.lora is not None and recipe.rollout.engine == "vllm":   # before anything heavy
-        from ..models.lora import check_rollout_sync
-
-        problem = check_rollout_sync(recipe, "vllm")
-        if problem:
-            raise TrainError(problem)
+    adaptation = adaptation_for(recipe)   # full weights or a LoRA adapter: every role asks it
+    adaptation.check_start()              # before anything heavy
     if recipe.trainer.threads:
         torch.set_num_threads(recipe.trainer.threads)
     seed = recipe.trainer.seed if recipe.trainer.seed is not None else seed
@@ -134,41 +131,22 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = N
     # engines: one deepspeed.initialize per role
     _check_precision(recipe, dist)
     total_updates = recipe.trainer.max_steps * recipe.optimizer_updates_per_step  # the LR schedule counts updates
-    actor = build_actor(recipe, dist.device, total_updates)
-    critic = build_critic(recipe, dist.device, total_updates) if recipe.has_critic else None
+    actor = build_actor(recipe, dist.device, total_updates, adaptation)
+    critic = build_critic(recipe, dist.device, total_updates, adaptation) if recipe.has_critic else None
     reference = None
-    if needs_reference(recipe):
-        from ..models.lora import AdapterDisabledReference, adapter_reference_ok
-
-        if adapter_reference_ok(recipe):
-            reference = AdapterDisabledReference(actor)   # the actor with its adapter disabled: no copy
-        else:
-            reference = build_reference(recipe, dist.device)
+    if needs_reference(recipe):   # LoRA: the actor with its adapter disabled (no copy)
+        reference = adaptation.reference(actor, lambda: build_reference(recipe, dist.device))
 
     # rollout engine (its own copy of the policy, synced from the actor after every update)
     from ..rollout import make_rollout
 
-    lora = recipe.model.lora
     def hf_model():
         model = load_causal_lm(recipe.model.policy, recipe.trainer.precision if dist.device != "cpu" else "fp32",
                                recipe.model.attn_implementation, dist.device)
-        if lora is None:
-            return model
-        from ..models.lora import rollout_model
+        return adaptation.wrap(model, "rollout")
 
-        return rollout_model(model, lora)   # the actor's adapter layers; sync points them at its tensors
-
-    rollout = make_rollout(recipe, hf_model, tokenizer, dist.device,
-                           world_size=dist.world_size)  # its choice and why: in the start-up block (progress.py)
-    if lora is not None:
-        from ..models.lora import check_rollout_sync
-
-        problem = check_rollout_sync(recipe, rollout.name)
-        if problem:
-            close = getattr(rollout, "close", None)
-            if close is not None:
-                close()
-            raise TrainError(problem)
+    rollout = make_rollout(recipe, hf_model, tokenizer, dist.device, world_size=dist.world_size,
+                           adaptation=adaptation)  # its choice and why: in the start-up block (progress.py)
     rollout.sync_weights(actor)
 
     kl = recipe.algorithm.kl
