@@ -275,3 +275,19 @@ def eval_falls_to_zero(n: int = 25, seed: int = 0, every: int = 5,
     for s, e in zip(at, evals):
         tr[s - 1]["eval/reward"] = e
     return tr
+
+
+PROBLEM = ("warning", "error")
+
+
+def observe_all(trace: list[dict], recipe) -> list:
+    """Every event a fresh HealthMonitor fires over `trace` (step by step, no files written)."""
+    from rltune.monitor.detectors import HealthMonitor
+
+    mon = HealthMonitor(recipe, None)
+    return [e for m in trace for e in mon.observe(m)]
+
+
+def problems(evs) -> list[tuple]:
+    """(step, kind, severity, message) of the warning and error events."""
+    return [(e.step, e.kind, e.severity, e.message) for e in evs if e.severity in PROBLEM]

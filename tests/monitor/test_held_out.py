@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from rltune.commands.diagnose import run as diagnose
-from rltune.monitor.detectors import HealthMonitor
 from rltune.recipe.schema import Recipe
-from synth import (RECIPE, eval_falls_to_zero, healthy, healthy_binary, long_clipping, oscillating, write_run,
-                   zero_std)
+from synth import (RECIPE, eval_falls_to_zero, healthy, healthy_binary, long_clipping, observe_all, oscillating,
+                   problems, write_run, zero_std)
 
 R = Recipe.model_validate(RECIPE)
 GRPO = Recipe.model_validate({**RECIPE, "algorithm": {"name": "grpo"}})
@@ -22,17 +21,11 @@ GRPO16 = Recipe.model_validate({**RECIPE, "algorithm": {"name": "grpo"}, "rollou
                                 "train": {"batch_size": 64}})
 GRPO8 = Recipe.model_validate({**RECIPE, "algorithm": {"name": "grpo"}, "train": {"batch_size": 8}})
 GRPO_RUN = {**RECIPE, "algorithm": {"name": "grpo"}}
-PROBLEM = ("warning", "error")
 MONITOR = Path(__file__).resolve().parents[2] / "src" / "rltune" / "monitor"
 
 
 def run(trace, recipe=R):
-    mon = HealthMonitor(recipe, None)
-    return [e for m in trace for e in mon.observe(m)]
-
-
-def problems(evs):
-    return [(e.step, e.kind, e.severity, e.message) for e in evs if e.severity in PROBLEM]
+    return observe_all(trace, recipe)
 
 
 # (a) long clipping is an info unless the run shows harm -------------------------------------

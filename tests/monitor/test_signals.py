@@ -10,20 +10,14 @@ import pytest
 from rltune.monitor.detectors import KIND_RANK, HealthMonitor
 from rltune.monitor.base import model_params_b
 from rltune.recipe.schema import Recipe
-from synth import RECIPE, fault, healthy, healthy_binary
+from synth import PROBLEM, RECIPE, fault, healthy, healthy_binary, observe_all, problems
 
 R = Recipe.model_validate(RECIPE)
 GRPO = Recipe.model_validate({**RECIPE, "algorithm": {"name": "grpo"}})
-PROBLEM = ("warning", "error")
 
 
 def run(trace, recipe=R):
-    mon = HealthMonitor(recipe, None)
-    return [e for m in trace for e in mon.observe(m)]
-
-
-def problems(evs):
-    return [(e.step, e.kind, e.severity, e.message) for e in evs if e.severity in PROBLEM]
+    return observe_all(trace, recipe)
 
 
 @pytest.mark.parametrize("seed", range(6))
