@@ -65,7 +65,9 @@ def recipe_for(case: dict):
                    **({"overlong": {"buffer": 3, "penalty": 1.0}} if case["overlong"] else {})},
         "algorithm": algorithm,
         # eps 1e-2: Adam stays linear in the gradient, so float-rounding differences stay float-sized
-        "actor": {"lr": 5e-3, "eps": 1e-2, "warmup_steps": 0, "zero_stage": case["zero"], "grad_clip": 1.0},
+        # LoRA: the adapter moves the policy less per step; 10x the lr (the playbook's LoRA factor) so that
+        # later updates of a step leave the clip range as the full-weight cases do
+        "actor": {"lr": 5e-2 if case["lora"] != "none" else 5e-3, "eps": 1e-2, "warmup_steps": 0, "zero_stage": case["zero"], "grad_clip": 1.0},
         "critic": {"lr": 1e-2, "eps": 1e-2, "warmup_steps": 0, "zero_stage": case["zero"], "grad_clip": 1.0},
         "rollout": rollout,
         "train": {"batch_size": PER_UPDATE, "micro_batch_size": MICRO, "ppo_epochs": case["epochs"],
@@ -136,12 +138,30 @@ class LossRecorder:
 
 
 def fresh_actor(recipe, total: int):
-    """An actor at the behaviour weights: a LoRA adapter's random init is seeded, so every actor
-    built here (and each run's, 1 rank or 2) starts from the same adapter."""
+    """An actor at the behaviour weights: a LoRA adapter's init is seeded, so every actor built here
+    (and each run's, 1 rank or 2) starts from the same adapter. The adapter is built like a trained
+    one, lora_B small and random instead of 0: with B = 0 the adapter's path, dropout included, adds
+    nothing, and a dropout that leaked into the update would go unseen."""
     from rltune.engine.roles import build_actor
+    from rltune.models import lora
 
-    torch.manual_seed(4321)
-    return build_actor(recipe, "cpu", total)
+    product = lora.apply_lora
+
+    def trained_like(model, cfg, *args, **kw):
+        peft_model = product(model, cfg, *args, **kw)      # the product's adapter (its dropout handling included)
+        g = torch.Generator().manual_seed(77)
+        with torch.no_grad():
+            for name, p in peft_model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(0.02 * torch.randn(p.shape, generator=g).to(p.dtype))
+        return peft_model
+
+    lora.apply_lora = trained_like
+    try:
+        torch.manual_seed(4321)
+        return build_actor(recipe, "cpu", total)
+    finally:
+        lora.apply_lora = product
 
 
 def global_loss(loss_fn, exp, agg) -> float:
@@ -195,6 +215,12 @@ def main() -> int:
     per_update = len(recorder.calls) // max(1, len(learned.actor))
     first = recorder.calls[:per_update]
     later = recorder.calls[per_update:]
+    # over every rank: a rank may hold only rows that teach nothing (a group scored alike, responses
+    # masked out), so the ratio's movement and the clipping are properties of the global batch
+    from rltune.train.collective import global_max
+
+    first_dev, later_dev, later_clipfrac = global_max([max(d for d, _ in first), max((d for d, _ in later), default=0.0),
+                                                       max((f for _, f in later), default=0.0)])
     update.policy_loss = recorder.fn
 
     # 1 x 8 == 8 x 1 and the objective on a fixed batch, on fresh actors at the behaviour weights.
@@ -202,7 +228,9 @@ def main() -> int:
     # of a few ulps would pick the sign of its gradient. Shift the fixed batch's reference off it.
     if exp.ref_logp is not None:
         exp.ref_logp = exp.ref_logp - 0.1 * exp.response_mask
-    actors = [fresh_actor(r, total), fresh_actor(r, total)]
+    # one small step (the full-weight lr also under LoRA): "lowers the objective" is a first-order claim
+    small = r.model_copy(update={"actor": r.actor.model_copy(update={"lr": 5e-3})})
+    actors = [fresh_actor(small, total), fresh_actor(small, total)]
     fn = [update.make_actor_loss(a, r, knobs, c.correction) for a in actors]
     init = {n: t.float().clone() for n, t in iter_full_params(actors[0])}
     # pi_behaviour is the actor's own forward at the weights that sampled, not the engine's numbers
@@ -210,7 +238,15 @@ def main() -> int:
     behavior_err = float((own - exp.behavior_logp).abs().max())
     rollout_err = float((exp.rollout_logp - exp.behavior_logp).abs().max())
     objective = fn[0]
-    if r.algorithm.ratio_level == "sequence-token" and r.algorithm.policy_loss == "ppo":
+    if r.algorithm.policy_loss == "cispo":
+        # CISPO's loss is sg(w) * A * log pi with w the clipped ratio recomputed at every evaluation: after
+        # a step w itself has moved (up to 1 + clip_range_high on the tokens that gained), which scales the
+        # large -log pi terms. The objective the step descends holds w at its value when the gradient was
+        # taken: 1 at the first update. A clip range of 1e-6 evaluates exactly that (w = 1).
+        fixed = r.model_copy(update={"algorithm": r.algorithm.model_copy(
+            update={"clip_range": 1e-6, "clip_range_high": 1e-6})})
+        objective = update.make_actor_loss(actors[0], fixed, Knobs.from_recipe(fixed), c.correction)
+    elif r.algorithm.ratio_level == "sequence-token" and r.algorithm.policy_loss == "ppo":
         # GSPO-token's surrogate has the value s_i * A_t but the gradient s_i * A_t * grad log pi_t: where
         # advantages vary along a sequence (GAE, KL in the reward) its step climbs the token-level
         # objective, not its own value. At s_i = 1 (the first update) the two gradients are equal. (CISPO's
@@ -234,9 +270,7 @@ def main() -> int:
         result = {
             "updates": len(learned.actor),
             "skipped": sum(x.skipped for x in learned.actor + learned.critic),
-            "first_dev": max(d for d, _ in first),
-            "later_dev": max((d for d, _ in later), default=0.0),
-            "later_clipfrac": max((f for _, f in later), default=0.0),
+            "first_dev": first_dev, "later_dev": later_dev, "later_clipfrac": later_clipfrac,
             "loss_before": before, "loss_after": after,
             "loss_one": res_one.loss, "loss_many": res_many.loss,
             "accum_diff": accum_diff, "moved": moved,
