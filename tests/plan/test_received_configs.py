@@ -174,6 +174,17 @@ def test_train_dry_run_stops_before_building(cli_streams, tmp_path):
     assert str(d / "config.json") in err and "num_hidden_layers" in err and "fix:" in err, err
 
 
+def test_train_stops_before_building(cli_streams, tmp_path):
+    # plain `train` too: the config is checked where it is read, before any model or engine is built
+    d = model_dir(tmp_path, "heads-zero", BAD["heads-zero"][0])
+    recipe = recipe_for(tmp_path, "r", d)
+    code, out, err = cli_streams("train", str(recipe), "trainer.precision=fp32", f"trainer.output_dir={tmp_path / 'run'}")
+    clean(out + err)
+    assert code == 2, out + err
+    assert str(d / "config.json") in err and "num_attention_heads" in err and "fix:" in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_missing_sizes_are_named(cli_streams, tmp_path):
     cfg = {k: v for k, v in BASE.items() if k != "num_hidden_layers"}
     d = model_dir(tmp_path, "missing", json.dumps(cfg))

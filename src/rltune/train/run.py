@@ -29,8 +29,14 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
     key=value overrides applied to the recipe file (RUN_DIR/recipe.yaml records them for
     `diagnose --patch`)."""
     from ..engine.distributed import process_group
+    from ..errors import RecipeInputError
+    from ..plan import ConfigError, check_model_configs
     from .rundir import RunLock, prepare
 
+    try:   # the models' config.json, checked where it is read (plan/arch.py) before anything heavy
+        check_model_configs(recipe)
+    except ConfigError as err:
+        raise RecipeInputError(str(err)) from None
     run_dir = Path(recipe.trainer.output_dir)
     lock = RunLock(run_dir)
     with process_group(recipe.trainer.device) as dist:
