@@ -74,3 +74,107 @@ def test_a_bad_value_is_reported_and_its_rules_skipped(cli, write):
     assert code == 1
     found = [(f["rule"], f["path"]) for f in json.loads(out)]
     assert found == [("schema", "train.batch_size"), ("schema", "trainer.max_step"), ("lr-order", "critic.lr")]
+
+
+# ---------------------------------------------------------------- validate checks what train loads (issue 26, item 4)
+
+REWARDS = """\
+import math
+from typing import Any as _Any
+
+SCALE = 2.0
+
+
+def score(completions, **kwargs):
+    return [0.0 for _ in completions]
+
+
+async def length_bonus(completions, **kwargs):
+    return [0.0 for _ in completions]
+"""
+
+
+def _reward_recipe(write, spec: str, code: str = REWARDS) -> str:
+    write(code, "rewards.py")
+    return write(RECIPE.replace("  max_step: 10\n", "  max_steps: 10\n").replace(
+        "[builtin:exact_answer]", f"[{spec}]"))
+
+
+def test_reward_function_missing_from_its_file_is_an_input_error(cli, write):
+    path = _reward_recipe(write, "rewards.py:scroe")
+    code, out = cli("validate", path, "--format", "json")
+    assert code == 2, out
+    [f] = [f for f in json.loads(out) if f["rule"] == "input"]
+    assert f["severity"] == "error" and f["path"] == "reward.functions.0"
+    assert "rewards.py" in f["message"] and "`scroe`" in f["message"]
+    assert "`score`" in f["message"] and "`length_bonus`" in f["message"]   # what the file defines
+    assert "did you mean `rewards.py:score`?" in f["fix"]
+
+
+def test_reward_names_a_file_binds_pass(cli, write):
+    for spec in ("rewards.py:score", "rewards.py:length_bonus", "rewards.py:SCALE", "rewards.py:math"):
+        code, out = cli("validate", _reward_recipe(write, spec), "--format", "json")
+        assert [f for f in json.loads(out) if f["rule"] == "input"] == [], (spec, out)
+    # imports, try/except fallbacks and `global` bind names too
+    code = ("try:\n    from fancy import grade\nexcept ImportError:\n    def grade(c, **k):\n        return [0.0] * len(c)\n"
+            "from os import path as p2\n")
+    for spec in ("rewards.py:grade", "rewards.py:p2"):
+        _, out = cli("validate", _reward_recipe(write, spec, code), "--format", "json")
+        assert [f for f in json.loads(out) if f["rule"] == "input"] == [], (spec, out)
+
+
+def test_reward_file_with_module_getattr_is_not_refused(cli, write):
+    code = "def __getattr__(name):\n    return lambda completions, **k: [0.0] * len(completions)\n"
+    _, out = cli("validate", _reward_recipe(write, "rewards.py:anything", code), "--format", "json")
+    assert [f for f in json.loads(out) if f["rule"] == "input"] == []
+
+
+def test_reward_file_is_read_not_run(cli, write, tmp_path):
+    marker = tmp_path / "ran"
+    code = f"open({str(marker)!r}, 'w').write('x')\n\ndef score(c, **k):\n    return [0.0] * len(c)\n"
+    _, out = cli("validate", _reward_recipe(write, "rewards.py:nope", code), "--format", "json")
+    assert [f["rule"] for f in json.loads(out)].count("input") == 1
+    assert not marker.exists()
+
+
+def _trainlib():
+    import importlib.util
+    from pathlib import Path
+
+    p = Path(__file__).resolve().parents[1] / "train" / "trainlib.py"
+    spec = importlib.util.spec_from_file_location("trainlib_for_recipe_tests", p)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_run_that_fails_before_step_one_leaves_no_run_directory(capfd, tmp_path):
+    """`train` does not run the file checks: it fails loading the reward, before its first step;
+    the run directory it created is gone, and a directory that was there (a run with a checkpoint) keeps
+    everything it held."""
+    tl = _trainlib()
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    recipe = tl.tiny_recipe(tmp_path, reward__functions=["rewards.py:scroe"], trainer__output_dir=str(tmp_path / "runs" / "new"))
+    res = tl.run_inproc(capfd, "train", recipe)
+    assert res.returncode != 0 and "scroe" in res.stderr, res.stderr
+    assert not (tmp_path / "runs" / "new").exists()
+    assert not (tmp_path / "runs").exists()
+
+    for resume in ("never", "auto"):
+        old = tmp_path / f"old-{resume}"
+        ckpt = old / "checkpoints" / "step-000002"
+        ckpt.mkdir(parents=True)
+        (ckpt / "state.json").write_text("{}")
+        (old / "train.log").write_text("the old run's log\n")
+        (old / "notes.txt").write_text("mine\n")
+        had = {p.name: p.read_text() for p in old.rglob("*") if p.is_file()}
+        recipe = tl.tiny_recipe(tmp_path, reward__functions=["rewards.py:scroe"], trainer__output_dir=str(old))
+        res = tl.run_inproc(capfd, "train", recipe, "--resume", resume)
+        assert res.returncode != 0, res.stderr
+        assert old.is_dir()
+        now = {}
+        for p in old.rglob("*"):
+            if p.is_file():
+                now.setdefault(p.name, []).append(p.read_text())
+        for name, text in had.items():   # everything it held is still there (perhaps moved aside, never deleted)
+            assert any(t.startswith(text) for t in now.get(name, [])), (resume, name, now)

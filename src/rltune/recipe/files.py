@@ -124,7 +124,94 @@ def reward_problem(spec: str, base_dir: Optional[Path]) -> Optional[tuple]:
                 "check the path: a relative path is read from the current directory, then from the recipe's directory")
     if p.is_dir():
         return f"reward file `{target}` is a directory", "name a .py file and a function in it: `path/to/rewards.py:score`"
-    return None
+    return reward_name_problem(p, target, func)
+
+
+def _module_names(tree) -> Optional[set]:
+    """The names a module's top level binds (def, async def, class, assignments, imports, for/with
+    targets, ... also under top-level if/try/with), or None when it may bind names a reading cannot
+    see: a module-level `__getattr__`, `from x import *`, or a `globals()` / `exec` / `setattr` call."""
+    import ast
+
+    names: set = set()
+    scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda,
+              ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+    def visit(node) -> bool:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(child.name)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                for a in child.names:
+                    if a.name == "*":
+                        return False
+                    names.add(a.asname or a.name.split(".")[0])
+                continue
+            if isinstance(child, scopes):
+                continue
+            ok = visit_expr(child) if isinstance(child, ast.expr) else visit(child)
+            if not ok:
+                return False
+            if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+                names.add(child.id)
+            elif isinstance(child, ast.ExceptHandler) and child.name:
+                names.add(child.name)
+            elif isinstance(child, (ast.MatchAs, ast.MatchStar)) and child.name:
+                names.add(child.name)
+            elif isinstance(child, ast.MatchMapping) and child.rest:
+                names.add(child.rest)
+        return True
+
+    def visit_expr(e) -> bool:
+        for n in ast.walk(e):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("globals", "exec", "setattr", "vars"):
+                return False
+            if isinstance(n, ast.NamedExpr) and isinstance(n.target, ast.Name):
+                names.add(n.target.id)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                names.add(n.id)
+        return True
+
+    for n in ast.walk(tree):  # `global NAME` in a function binds NAME at the top level when it runs
+        if isinstance(n, ast.Global):
+            names.update(n.names)
+    if not visit(tree) or "__getattr__" in names:
+        return None
+    return names
+
+
+def reward_name_problem(p: Path, target: str, func: str) -> Optional[tuple]:
+    """(problem, fix) when the reward file at `p` does not define `func` at its top level, read with
+    `ast` (the file is not imported: no user code runs in validate); None when it does, or when a
+    reading cannot tell (a module `__getattr__`, a star import, an unreadable file)."""
+    import ast
+
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None  # train reports what it cannot read when it imports the file
+    try:
+        tree = ast.parse(text, filename=str(p))
+    except SyntaxError as e:
+        return (f"reward file `{target}` does not parse: {e.msg} (line {e.lineno})",
+                f"fix the syntax error in {target}")
+    except (ValueError, RecursionError):
+        return None
+    names = _module_names(tree)
+    if names is None or func in names:
+        return None
+    funcs = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and not n.name.startswith("_")]
+    public = sorted(n for n in names if not n.startswith("_"))
+    close = difflib.get_close_matches(func, funcs or public, n=1, cutoff=0.5)
+    shown = funcs or public
+    defines = ("it defines the functions " if funcs else "it defines ") + (
+        ", ".join(f"`{n}`" for n in shown[:12]) + (f" and {len(shown) - 12} more" if len(shown) > 12 else "")
+        if shown else "nothing public at its top level")
+    fix = (f"did you mean `{target}:{close[0]}`? " if close else "") + (
+        f"name a function {target} defines (`{target}:NAME`), or define `{func}` at its top level")
+    return f"reward file `{target}` does not define `{func}` ({defines}): train would fail loading it", fix
 
 
 def check_files(res) -> list[Finding]:

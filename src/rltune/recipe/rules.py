@@ -44,10 +44,6 @@ from rltune.recipe.rules_base import (  # noqa: F401
 from rltune.recipe.schema import CRITIC_ALGOS, GROUP_ALGOS, Recipe
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 # ---------------------------------------------------------------- learning rates
 
 @rule("lr-order", "error", "PPO: actor.lr >= critic.lr",
@@ -104,28 +100,92 @@ def actor_lr_range(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 
 # ---------------------------------------------------------------- batches
 
-def _good_train_sizes(r: Recipe) -> list[int]:
-    """train.batch_size values with a golden ratio that keep every divisibility rule."""
-    rb, mb, w = r.rollout.batch_size, r.train.micro_batch_size, world(r)
-    out = []
-    for k in range(BATCH_RATIO[0], BATCH_RATIO[1] + 1):
-        t = rb * k
-        if t % w == 0 and (t // w) % mb == 0:
-            out.append(t)
-    return out
+def _divisors_of(n: int) -> list[int]:
+    """The divisors of n, ascending (sqrt time: n may be a large train.batch_size)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
-def _good_rollout_sizes(r: Recipe) -> list[int]:
-    """rollout.batch_size values with a golden ratio that keep every divisibility rule."""
-    tb, g, w = r.train.batch_size, r.algorithm.group_size, world(r)
-    out = []
-    for d in _divisors(tb):
-        if not (BATCH_RATIO[0] <= tb // d <= BATCH_RATIO[1]):
-            continue
-        if d % g or d % w or (r.algorithm.name in GROUP_ALGOS and (d // g) % w):
-            continue
-        out.append(d)
-    return out
+def _lcm(a: int, b: int) -> int:
+    from math import gcd
+    return a * b // gcd(a, b)
+
+
+def _ratio_waived(r: Recipe) -> bool:
+    return any(rid in r.lint.waive for rid in ("batch-ratio-low", "batch-ratio-high"))
+
+
+def _batch_ok(r: Recipe, rb: int, tb: int, mb: int, ratio: bool) -> bool:
+    """Every divisibility rule holds for (rollout, train, micro) batch sizes (and the golden ratio, with `ratio`)."""
+    g, w = r.algorithm.group_size, world(r)
+    if rb % g or rb % w or (r.algorithm.name in GROUP_ALGOS and (rb // g) % w):
+        return False
+    if tb % rb or tb % w or (tb // w) % mb:
+        return False
+    return not ratio or BATCH_RATIO[0] <= tb // rb <= BATCH_RATIO[1]
+
+
+def joint_batch_sizes(r: Recipe, ratio: Optional[bool] = None) -> Optional[tuple]:
+    """One consistent (rollout.batch_size, train.batch_size, train.micro_batch_size) that keeps every
+    divisibility rule (group_size, world size) and the golden ratio 4-8 (`ratio`; by default unless a
+    batch-ratio rule is waived), as close to the recipe's as it gets; None when the recipe's already do.
+
+    The batch rules all print this one proposal: fixes computed one at a time from the original values
+    contradict each other (rollout 40, train 192 and micro 10 for train 200 / rollout 16 / micro 16).
+    Closest: fewest of rollout/train changed, then the smallest relative change; on a tie the playbook's
+    direction (a low ratio raises train.batch_size, a high one changes rollout.batch_size); the micro
+    batch is the largest divisor of the per-rank share not above the recipe's (memory)."""
+    from math import log
+    if ratio is None:
+        ratio = not _ratio_waived(r)
+    rb0, tb0, mb0 = r.rollout.batch_size, r.train.batch_size, r.train.micro_batch_size
+    if _batch_ok(r, rb0, tb0, mb0, ratio):
+        return None
+    g, w = r.algorithm.group_size, world(r)
+    step = g * w if r.algorithm.name in GROUP_ALGOS else _lcm(g, w)
+    r0 = tb0 / rb0
+    ks = range(BATCH_RATIO[0], BATCH_RATIO[1] + 1) if ratio else range(1, max(BATCH_RATIO[1], round(r0)) + 1)
+    rbs = {step}
+    for target in [rb0] + [tb0 / k for k in ks]:
+        lo = int(target // step) * step
+        rbs.update(x for x in (lo, lo + step) if x >= step)
+    best = None
+    for rb in sorted(rbs):
+        for k in ks:
+            tb = rb * k
+            share = tb // w
+            mb = max(d for d in _divisors_of(share) if d <= mb0) if mb0 < share else share
+            if not _batch_ok(r, rb, tb, mb, ratio):
+                continue
+            changed = (rb != rb0) + (tb != tb0)
+            dist = abs(log(rb / rb0)) + abs(log(tb / tb0))
+            against = (rb != rb0) if r0 < BATCH_RATIO[0] else (tb != tb0)
+            cost = (changed, round(dist, 9), against, abs(log(mb / mb0)), rb, tb)
+            if best is None or cost < best[0]:
+                best = (cost, (rb, tb, mb))
+    return best[1] if best else None
+
+
+def joint_batch_fix(r: Recipe, ratio: Optional[bool] = None) -> Optional[str]:
+    """The fix text of joint_batch_sizes: `set KEY: VALUE and KEY: VALUE (...)`, changed keys only."""
+    new = joint_batch_sizes(r, ratio)
+    if new is None:
+        return None
+    rb, tb, mb = new
+    old = (r.rollout.batch_size, r.train.batch_size, r.train.micro_batch_size)
+    keys = ("rollout.batch_size", "train.batch_size", "train.micro_batch_size")
+    parts = [f"{k}: {v}" for k, v, o in zip(keys, new, old) if v != o]
+    w = world(r)
+    why = (f"ratio {tb}/{rb} = {tb // rb}, whole groups of {r.algorithm.group_size}, world size {w}: "
+           f"{tb // w // mb} micro-batch(es) of {mb} per rank; the batch sizes fixed together")
+    return "set " + " and ".join(parts) + f" ({why})"
 
 
 @rule("batch-ratio-low", "warning", "train.batch_size / rollout.batch_size < 4",
@@ -133,14 +193,7 @@ def _good_rollout_sizes(r: Recipe) -> list[int]:
 def batch_ratio_low(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     ratio = r.train.batch_size / r.rollout.batch_size
     if ratio < BATCH_RATIO[0]:
-        good = _good_train_sizes(r)
-        if good:
-            fix = f"set train.batch_size: {good[0]} ({good[0] // r.rollout.batch_size} x rollout.batch_size)"
-        else:
-            fix = f"set train.batch_size: {r.rollout.batch_size * BATCH_RATIO[0]} (4 x rollout.batch_size)"
-        lower = [d for d in _good_rollout_sizes(r)]
-        if lower:
-            fix += f", or lower rollout.batch_size to {max(lower)}"
+        fix = joint_batch_fix(r, ratio=True) or f"set train.batch_size: {r.rollout.batch_size * BATCH_RATIO[0]}"
         yield Hit("train.batch_size",
                   f"train.batch_size / rollout.batch_size = {r.train.batch_size}/{r.rollout.batch_size} = {ratio:.3g}, "
                   f"below the golden ratio 4-8: {RULES['batch-ratio-low'].why}", fix)
@@ -152,11 +205,7 @@ def batch_ratio_high(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     ratio = r.train.batch_size / r.rollout.batch_size
     if ratio > BATCH_RATIO[1]:
         sev = "error" if ratio > BATCH_RATIO_ERROR else None
-        good = _good_rollout_sizes(r)
-        if good:
-            fix = f"set rollout.batch_size: {min(good)} (ratio {r.train.batch_size // min(good)})"
-        else:
-            fix = f"set train.batch_size: {r.rollout.batch_size * BATCH_RATIO[1]} (8 x rollout.batch_size)"
+        fix = joint_batch_fix(r, ratio=True) or f"set train.batch_size: {r.rollout.batch_size * BATCH_RATIO[1]}"
         yield Hit("train.batch_size",
                   f"train.batch_size / rollout.batch_size = {r.train.batch_size}/{r.rollout.batch_size} = {ratio:.3g}, "
                   f"above the golden ratio 4-8{' (error above 10)' if sev else ''}: {RULES['batch-ratio-high'].why}",
@@ -171,35 +220,34 @@ def divisibility(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     tb, rb, mb, g, w = (r.train.batch_size, r.rollout.batch_size, r.train.micro_batch_size,
                         r.algorithm.group_size, world(r))
     wtxt = f"world size {w} (trainer.nproc {r.trainer.nproc} x nnodes {r.trainer.nnodes})"
+    # every hit prints the one joint proposal (rollout, train and micro batch sizes together)
+    fix = joint_batch_fix(r) or "set the batch sizes to multiples as the message says"
     if rb % g:
-        new = max(g, round(rb / g) * g)
         yield Hit("rollout.batch_size",
                   f"rollout.batch_size {rb} is not a multiple of algorithm.group_size {g}: batches must hold whole groups "
-                  f"(each prompt gets {g} samples)", f"set rollout.batch_size: {new}")
+                  f"(each prompt gets {g} samples)", fix)
     if rb % w:
         yield Hit("rollout.batch_size", f"rollout.batch_size {rb} is not divisible by the {wtxt}: ranks would generate unequal shares",
-                  f"set rollout.batch_size: {max(w, round(rb / w) * w)}")
+                  fix)
     elif r.algorithm.name in GROUP_ALGOS and rb % g == 0 and (rb // g) % w:
         yield Hit("rollout.batch_size",
                   f"rollout.batch_size {rb} holds {rb // g} prompts x {g} samples; {rb // g} prompts do not split over the {wtxt}, "
-                  "so a group would straddle two ranks", f"set rollout.batch_size: {g * w * max(1, round(rb / (g * w)))}")
+                  "so a group would straddle two ranks", fix)
     if tb % rb:
         yield Hit("train.batch_size",
                   f"train.batch_size {tb} is not a multiple of rollout.batch_size {rb}: one step gathers whole generation calls",
-                  f"set train.batch_size: {max(rb, round(tb / rb) * rb)}")
+                  fix)
     if tb % mb:
         yield Hit("train.micro_batch_size",
                   f"train.batch_size {tb} is not divisible by train.micro_batch_size {mb}: gradient accumulation needs whole micro-batches",
-                  f"set train.micro_batch_size: {max(d for d in _divisors(tb) if d <= mb)}")
+                  fix)
     elif tb % w:
-        yield Hit("train.batch_size", f"train.batch_size {tb} is not divisible by the {wtxt}",
-                  f"set train.batch_size: {max(w, round(tb / w) * w)}")
+        yield Hit("train.batch_size", f"train.batch_size {tb} is not divisible by the {wtxt}", fix)
     elif (tb // w) % mb:
         share = tb // w
         yield Hit("train.micro_batch_size",
                   f"each of {w} ranks trains on train.batch_size/{w} = {share} sequences per update, not a multiple of "
-                  f"train.micro_batch_size {mb} (micro batches are per rank)",
-                  f"set train.micro_batch_size: {max(d for d in _divisors(share) if d <= mb)}")
+                  f"train.micro_batch_size {mb} (micro batches are per rank)", fix)
 
 
 @rule("group-size", "error", "GRPO/RLOO with algorithm.group_size < 2",

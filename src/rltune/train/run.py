@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shlex
 import signal
 from pathlib import Path
@@ -39,16 +40,72 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
         raise RecipeInputError(str(err)) from None
     run_dir = Path(recipe.trainer.output_dir)
     lock = RunLock(run_dir)
+    # what was there before this run: a run that fails before its first step removes only what it made
+    created, before = _made_by_us(run_dir)
+    started: list = []   # _train appends when the steps begin (step 7)
     with process_group(recipe.trainer.device) as dist:
+        failed = True
         try:
             stale = main_first(dist, lambda: (prepare(run_dir), lock.acquire())[1])
-            return _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, overrides, dist,
-                          run_dir, stale)
+            code = _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, overrides, dist,
+                          run_dir, stale, started)
+            failed = False
+            return code
         finally:
+            locked = lock.fd is not None
             lock.release()
+            if failed and not started and dist.is_main and (locked or created is not None):
+                _clean_failed_start(run_dir, created, before)
 
 
-def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, overrides, dist, run_dir, stale) -> int:
+def _made_by_us(run_dir: Path) -> tuple[Path | None, set]:
+    """(the topmost directory of run_dir's path that does not exist yet, or None when run_dir does;
+    the names run_dir holds now)."""
+    created = None
+    p = run_dir.absolute()
+    while not p.exists() and not p.is_symlink() and p != p.parent:
+        created, p = p, p.parent
+    try:
+        before = set(os.listdir(run_dir)) if created is None and run_dir.is_dir() else set()
+    except OSError:
+        before = set()
+    return created, before
+
+
+# what a run writes before its first step (train.log, recipe.yaml, .lock; the metric sinks' files)
+_START_FILES = ("train.log", "recipe.yaml", ".lock", "metrics.jsonl", "events.jsonl")
+
+
+def _clean_failed_start(run_dir: Path, created: Path | None, before: set) -> None:
+    """A run that failed before its first step leaves nothing behind: the run directory (and the
+    parents) it created itself, else the files of _START_FILES it added to a directory that was
+    there before (a resumed run's directory keeps everything it held)."""
+    import logging
+    import shutil
+
+    for h in list(LOG.handlers):   # train.log is open: close it before it goes
+        if isinstance(h, logging.FileHandler) and Path(h.baseFilename).parent == run_dir.absolute():
+            LOG.removeHandler(h)
+            h.close()
+    try:
+        if created is not None:
+            if run_dir.is_dir() and not run_dir.is_symlink():
+                shutil.rmtree(run_dir)
+            p = run_dir.absolute().parent
+            while p != created.parent and p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+                p = p.parent
+            return
+        for name in _START_FILES:
+            f = run_dir / name
+            if name not in before and f.is_file() and not f.is_symlink():
+                f.unlink()
+    except OSError as err:  # best effort: the error that stopped the run is the one to report
+        LOG.debug("could not clean up %s: %s", run_dir, err)
+
+
+def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, overrides, dist, run_dir, stale,
+           started: list | None = None) -> int:
     """One process of the run (every rank runs it):
       1. logging     train.log and the console; the command line that resumes this run
       2. resume      the checkpoint to continue from, and the recipe changes it allows (before
@@ -86,6 +143,8 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, ove
     if run.faults is not None:
         run.faults.install(run.c)
     _ready(run, state)
+    if started is not None:
+        started.append(True)
     try:
         # 7. train
         exit_code = run_steps(run)
