@@ -58,7 +58,7 @@ def test_schema_and_presets_apply_write_with_capital_o(cli, recipe, tmp_path):
     assert json.loads(out_file.read_text())["title"] == "rltune recipe"
     merged = tmp_path / "m.yaml"
     code, out = cli("presets", "apply", "cold-start", recipe, "-O", str(merged))
-    assert code == 0 and "lr: 1.0e-6" in merged.read_text()
+    assert code == 0 and "clip_range: 0.15" in merged.read_text()   # actor.lr 1e-6 is the default: not written
 
 
 @pytest.mark.parametrize("args", [
@@ -112,7 +112,8 @@ def test_recipes_show_prints_the_file(cli):
 def test_recipes_unknown_name_lists_them(cli):
     code, out = cli("recipes", "show", "tiny-grp")
     assert code == 2
-    assert out == ("rltune: error: unknown recipe `tiny-grp`\n  fix: shipped recipes: " + ", ".join(SHIPPED)
+    assert out == ("rltune: error: unknown recipe `tiny-grp`\n  fix: did you mean `tiny-grpo`? shipped recipes: "
+                   + ", ".join(SHIPPED)
                    + ", experiments/lr-too-high (`rltune recipes list` describes them)\n")
 
 

@@ -74,6 +74,23 @@ _plain_help_types()
 # ------------------------------------------------------------------ config half (no torch)
 
 
+def _reject_bare_keys(args: List[str]) -> None:
+    """A trailing argument without `=` is read as another recipe file: when it is no file and looks
+    like a dotted recipe key (`actor.lr`), say it is an override that lost its value (exit 2)."""
+    import re
+
+    for a in args:
+        if "=" in a or os.path.exists(a) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z0-9_-]+)+", a):
+            continue
+        from rltune.recipe.schema import Recipe
+
+        if a.split(".", 1)[0] in Recipe.model_fields:
+            from rltune.errors import RecipeInputError
+
+            raise RecipeInputError(f"`{a}` looks like an override without a value: write {a}=VALUE",
+                                   fix="overrides are KEY=VALUE after the recipe (or -o KEY=VALUE), e.g. actor.lr=2e-6")
+
+
 @app.command(context_settings={"allow_extra_args": False})
 def validate(
     recipes: List[str] = typer.Argument(..., metavar="RECIPE",
@@ -95,6 +112,7 @@ def validate(
     (exit 0 ok, 1 errors, 2 unreadable: a recipe, or a data/model/reward file it names)."""
     from rltune.commands.validate import run
 
+    _reject_bare_keys(recipes[1:])
     raise typer.Exit(run(recipes, overrides or [], strict=strict, fmt=fmt, skip_files=skip_files,
                          gpus=gpus, gpu_mem=gpu_mem))
 
@@ -116,6 +134,7 @@ def plan(
     unknown, 1 over capacity, 2 unreadable). Loads nothing: sizes come from the model's config.json."""
     from rltune.commands.plan import run
 
+    _reject_bare_keys(args[1:])
     raise typer.Exit(run(args, overrides or [], gpus=gpus, gpu_mem=gpu_mem, device=device, fmt=fmt))
 
 
@@ -248,6 +267,7 @@ def train(
     from rltune.quiet import quiet_dependencies
 
     quiet_dependencies()
+    _reject_bare_keys(overrides or [])
 
     # `-o/--set` and trailing key=value are the same overrides (as in `validate`), applied in that order
     overrides = [*(overrides or []), *(sets or [])]
@@ -361,6 +381,7 @@ def _fast(argv: List[str]) -> Optional[int]:
             a = p.parse_intermixed_args(rest)
             from rltune.commands.validate import run
 
+            _reject_bare_keys(a.recipes[1:])
             return run(a.recipes, a.overrides, strict=a.strict, fmt=a.fmt, skip_files=a.skip_files,
                        gpus=a.gpus, gpu_mem=a.gpu_mem)
         if cmd == "schema":

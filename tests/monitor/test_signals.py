@@ -266,3 +266,26 @@ def test_kl_running_away_is_a_warning_even_while_the_reward_improves():
     hits = [e for e in run(tr, fast) if e.kind == "kl_high"]
     assert hits and hits[0].severity == "warning" and hits[0].step == 4, hits
     assert "running away" in hits[0].message
+
+
+def test_kl_advice_quotes_the_number_the_event_message_does():
+    """Issue 26 item 5a: tiny-ppo said `KL per token 2.14 > 0.6` and, in the fix line, `KL 1.42 is
+    above...` (the window mean): one number, one meaning, in the message and its advice."""
+    import re
+
+    tr = healthy(80, 4)
+    for m in tr:
+        m["kl/token_mean"] = m["kl"]
+    for m in tr[9:]:
+        m["kl/token_mean"] = min(0.9, 0.05 + 0.08 * (m["step"] - 10))   # still climbing when it fires
+        m["kl"] = 30 * m["kl/token_mean"]
+    evs = [e for e in run(tr) if e.kind == "kl_level"]
+    assert evs, run(tr)
+    said = re.match(r"(KL per token) ([0-9.e-]+) >", evs[0].message)
+    assert said, evs[0].message
+    assert evs[0].advice[0].startswith(f"{said.group(1)} {said.group(2)} "), (evs[0].message, evs[0].advice)
+    # the warning's "> 0.8 while reward only creeps" line quotes the same value too
+    from rltune.monitor import advice as A
+
+    _, lines = A.for_kl_high(R, 2.14, True, "KL per token")
+    assert any(l.startswith("KL per token 2.14 > 0.8") for l in lines), lines

@@ -94,10 +94,17 @@ def apply_preset_text(name: str, recipe_path: str) -> tuple:
             continue
         current = _get_in(doc, parts)
         if current is KeyError:
+            # write only what changes the effective value: a value equal to what a preset the recipe
+            # names or the default already gives is not written (it would only add noise, or infos)
             if path in merged_before:
+                if merged_before[path] == value:
+                    continue
                 old = f"{_show(merged_before[path])} (from a preset)"
             else:
-                old = f"unset (default {_show(ins.default_of(path))})"
+                default = ins.default_of(path)
+                if default == value:
+                    continue
+                old = f"unset (default {_show(default)})"
         else:
             if current == value:
                 continue
@@ -106,7 +113,68 @@ def apply_preset_text(name: str, recipe_path: str) -> tuple:
         changes.append((path, old, _show(value)))
     buf = io.StringIO()
     y.dump(doc, buf)
-    return buf.getvalue(), changes, skipped
+    text_out = buf.getvalue()
+    if changes:
+        dropped = _drop_stale_waivers(doc, res, text_out, Path(recipe_path).resolve().parent)
+        if dropped:
+            changes.extend(dropped)
+            _drop_waiver_comments(doc, [c[0] for c in changes if not c[0].startswith("lint.waive.")])
+            buf = io.StringIO()
+            y.dump(doc, buf)
+            text_out = buf.getvalue()
+    return text_out, changes, skipped
+
+
+def _drop_waiver_comments(doc, paths) -> None:
+    """A changed key's end-of-line comment that points at lint.waive ("far above the playbook range:
+    see lint.waive") explained the old value and the waiver just removed: drop it with them."""
+    for path in paths:
+        parts = path.split(".")
+        parent = _get_in(doc, parts[:-1]) if len(parts) > 1 else doc
+        ca = getattr(parent, "ca", None)
+        if ca is None or parts[-1] not in ca.items:
+            continue
+        tok = ca.items[parts[-1]][2] if len(ca.items[parts[-1]]) > 2 else None
+        if tok is not None and "lint.waive" in getattr(tok, "value", ""):
+            ca.items[parts[-1]][2] = None
+
+
+def _fired(res) -> set:
+    """Ids of the rules that report something on a loaded recipe (waived findings included)."""
+    from rltune.recipe.api import lint
+
+    return {f.rule for f in lint(res)}
+
+
+def _drop_stale_waivers(doc, before, merged_text: str, base_dir: Path) -> list:
+    """Remove from `doc` each lint.waive entry whose rule fired on the recipe before the preset and no
+    longer fires on the merged one (the preset fixed what was waived: the waiver, and its reason, are
+    stale). Returns the change lines [(lint.waive.RULE, reason, why removed)]."""
+    from rltune.recipe.loader import load_recipe_text
+
+    lint_doc = doc.get("lint") if isinstance(doc, dict) else None
+    waive = lint_doc.get("waive") if isinstance(lint_doc, dict) else None
+    if not isinstance(waive, dict) or not waive:
+        return []
+    try:
+        after = load_recipe_text(merged_text, source="<merged>", base_dir=base_dir)
+    except RecipeInputError:
+        return []
+    if after.recipe is None:
+        return []
+    fired_before, fired_after = _fired(before), _fired(after)
+    out = []
+    for rid in list(waive):
+        if rid in fired_before and rid not in fired_after:
+            reason = waive[rid]
+            del waive[rid]
+            out.append((f"lint.waive.{rid}", _show(reason) if reason is not None else "null",
+                        f"removed (`{rid}` no longer fires on the merged recipe)"))
+    if out and not waive:
+        del lint_doc["waive"]
+        if not lint_doc:
+            del doc["lint"]
+    return out
 
 
 def run_apply(name: str, recipe: str, out: Optional[str], force: bool = False) -> int:

@@ -31,8 +31,11 @@ def recipe_path(name: str) -> Path:
     name = name[:-5] if name.endswith(".yaml") else name
     if name in names():
         return RECIPE_DIR / f"{name}.yaml"
+    from rltune.recipe.presets import did_you_mean
+
     raise RecipeInputError(f"unknown recipe `{name}`",
-                           fix="shipped recipes: " + ", ".join(names()) + " (`rltune recipes list` describes them)")
+                           fix=did_you_mean(name, names()) + "shipped recipes: " + ", ".join(names())
+                           + " (`rltune recipes list` describes them)")
 
 
 def summary(name: str) -> str:

@@ -139,10 +139,11 @@ def for_reward_swing(r, oscillating: bool = False) -> Advice:
     return c, l + [f"the actor lr is too high for this batch: {why}"]
 
 
-def for_kl_high(r, kl_value: float, reward_creeping: bool = False) -> Advice:
+def for_kl_high(r, kl_value: float, reward_creeping: bool = False, label: str = "KL") -> Advice:
+    """`kl_value` and `label` are the number and its name the event message quotes (one number, one meaning)."""
     c, l = raise_kl(r)
     if kl_value > 0.8 and reward_creeping:
-        l = l + [f"KL {fmt(kl_value)} > 0.8 while reward only creeps up: if the outputs still read well,"
+        l = l + [f"{label} {fmt(kl_value)} > 0.8 while reward only creeps up: if the outputs still read well,"
                  f" consider actor.lr +20% ({fmt(r.actor.lr)} -> {fmt(r3(r.actor.lr * 1.2))}) instead"]
     return c, l
 
@@ -338,8 +339,9 @@ def for_skipped_step(r) -> Advice:
     return for_actor_nan(r)
 
 
-def for_kl_level(r, kl_value: float) -> Advice:
-    return {}, [f"KL {fmt(kl_value)} is above the playbook level while the reward still improves: the policy"
+def for_kl_level(r, kl_value: float, label: str = "KL") -> Advice:
+    """`kl_value` and `label` are the number and its name the event message quotes (one number, one meaning)."""
+    return {}, [f"{label} {fmt(kl_value)} is above the playbook level while the reward still improves: the policy"
                 " is moving far from the reference to earn it; fine while eval/samples improve too",
                 f"if samples degrade, raise algorithm.kl.coef ({fmt(r.algorithm.kl.coef)})"]
 

@@ -41,10 +41,15 @@ def preset_path(name: str, base_dir: Optional[Path] = None) -> Path:
     raise unknown_preset(name)
 
 
+def did_you_mean(name: str, names: list[str]) -> str:
+    """"did you mean `X`? " for the closest of `names`, or "" (the start of a fix line)."""
+    close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.5)
+    return f"did you mean `{close[0]}`? " if close else ""
+
+
 def unknown_preset(name: str, file: Optional[str] = None, line: int = 0, column: int = 0) -> RecipeInputError:
     names = list_presets()
-    close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.5)
-    fix = (f"did you mean `{close[0]}`? " if close else "") + "available presets: " + ", ".join(names)
+    fix = did_you_mean(name, names) + "available presets: " + ", ".join(names)
     return RecipeInputError(f"unknown preset `{name}`", file=file, line=line, column=column, fix=fix)
 
 

@@ -125,11 +125,17 @@ class StepClock:
         return f"{self.step}/{self.total} steps, {self.s_per_step:.1f} s/step, ETA {fmt_duration(self.eta)}"
 
 
+def fixed(x: float, digits: int = 4) -> str:
+    """`x` with `digits` decimals; a value that rounds to zero prints as 0.0000, never -0.0000."""
+    s = f"{x:.{digits}f}"
+    return s[1:] if s.startswith("-") and float(s) == 0 else s
+
+
 def step_line(step: int, m: dict, clock: StepClock, weights: dict) -> str:
     """`[Rollout] step=3 avg_reward=0.5200 kl=0.0040 | 3/10 steps, 31.2 s/step, ETA 3m38s | parts:
     exact_answer 0.125 x1.0, format 0.812 x1.0` (`[Rollout] step=.. avg_reward=.. kl=..` is a
     documented grep target: keep its keys and their order)."""
-    line = f"[Rollout] step={step} avg_reward={m['reward/mean']:.4f} kl={m['kl']:.4f} | {clock.text()}"
+    line = f"[Rollout] step={step} avg_reward={fixed(m['reward/mean'])} kl={fixed(m['kl'])} | {clock.text()}"
     parts = {spec: m[f"reward/{spec}"] for spec in weights if f"reward/{spec}" in m}
     if parts and worth_splitting(weights):
         line += f" | parts: {parts_text(parts, weights)}"
@@ -228,7 +234,7 @@ class Progress:
         if self.bar is not None:
             c = self.clock
             self.bar.update(self.task, completed=step,
-                            info=f"{c.s_per_step:.1f} s/step  ETA {fmt_duration(c.eta)}  reward {reward:.3f}  kl {kl:.4f}")
+                            info=f"{c.s_per_step:.1f} s/step  ETA {fmt_duration(c.eta)}  reward {fixed(reward, 3)}  kl {fixed(kl)}")
 
     def _show(self, info: str) -> None:
         if self.bar is not None:

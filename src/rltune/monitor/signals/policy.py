@@ -57,14 +57,14 @@ class KLHigh(Detector):
             if not self.state["info_armed"]:
                 return []
             self.state["info_armed"] = False
-            ch, lines = A.for_kl_level(mon.recipe, _rd(kl_mean, 3))
+            ch, lines = A.for_kl_level(mon.recipe, _rd(kl, 3), lab)
             return [Event(step, "kl_level", "info",
                           f"{lab} {A.fmt(_rd(kl, 3))} > {A.fmt(h.kl_high)} for {n} steps (since step {step - n + 1})"
                           f" while the reward still improves: the policy moves far from the reference to earn it",
                           {"kl": _rd(kl), "kl_mean": _rd(kl_mean), "threshold": h.kl_high, "steps": n,
                            "kl_key": key, "role": "actor"}, lines, ch)]
         self.state["armed"] = False
-        ch, lines = A.for_kl_high(mon.recipe, kl_mean, creeping)
+        ch, lines = A.for_kl_high(mon.recipe, _rd(kl, 3), creeping and kl_mean > 0.8, lab)
         why = (f"running away ({growth:.1f}x per step)" if runaway
                else "climbing while the reward has stopped improving")
         msg = (f"{lab} {A.fmt(_rd(kl, 3))} > {A.fmt(h.kl_high)} sustained for {n} steps (since step {step - n + 1})"
