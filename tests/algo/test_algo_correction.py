@@ -51,7 +51,8 @@ def test_weighted_policy_loss_scales_each_token():
     mask = torch.ones(1, 3)
     w = torch.tensor([[1.0, 0.5, 2.0]])
     loss, _ = policy_loss(logp, logp.detach(), adv, mask, 0.2, weights=w, agg="token-sum")
-    assert float(loss) == pytest.approx(-(1.0 * 1 + 0.5 * 2 + 2.0 * -1))   # = 0
+    # detach: float() of a tensor that requires grad warns (UserWarning) in torch >= 2.13
+    assert float(loss.detach()) == pytest.approx(-(1.0 * 1 + 0.5 * 2 + 2.0 * -1))   # = 0
     loss.backward()
     # d/dlogp of -w*A*ratio at ratio 1 is -w*A
     torch.testing.assert_close(logp.grad, torch.tensor([[-1.0, -1.0, 2.0]]))
@@ -65,3 +66,18 @@ def test_sum_norm_uses_the_constant_not_the_batch_width():
     # the same rows cut to their own width (a narrower micro-batch / rank) give the same value
     assert float(aggregate(x[:, :3], m[:, :3], "seq-mean-token-sum-norm", norm_len=16)) == pytest.approx(10 / 32)
     assert float(aggregate(x[1:, :1], m[1:, :1], "seq-mean-token-sum-norm", norm_len=16)) == pytest.approx(4 / 16)
+
+
+def test_this_file_runs_without_user_warnings():
+    """`make test` stays quiet where nothing is wrong: these tests raise no UserWarning of their
+    own (e.g. float() of a tensor that requires grad)."""
+    import os
+    import subprocess
+    import sys
+
+    if os.environ.get("RLTUNE_WARNINGS_SUBRUN"):
+        return
+    env = dict(os.environ, RLTUNE_WARNINGS_SUBRUN="1", OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error::UserWarning",
+                        __file__], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]

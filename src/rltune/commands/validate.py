@@ -90,6 +90,40 @@ def plan_lines(recipe) -> list:
     return lines
 
 
+def is_template(path) -> bool:
+    """The recipe's leading comment block says it is a template (`# TEMPLATE: ...`, as the shipped
+    recipes/gsm8k-grpo-qwen.yaml and recipes/ppo-rm-8gpu.yaml do): it names files rltune does not ship."""
+    import re
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for ln in fh:
+                ln = ln.strip()
+                if not ln:
+                    continue
+                if not ln.startswith("#"):
+                    return False
+                if re.match(r"#\s*TEMPLATE\b", ln):
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def template_note(findings: list, path) -> list:
+    """In a template recipe, a data file not found says in the message itself how to check the recipe
+    without its data: `rltune validate --skip-files PATH`."""
+    missing = [f for f in findings if f.rule == "input" and f.severity == "error" and "data file `" in f.message
+               and " not found" in f.message]
+    if not missing or not is_template(path):
+        return findings
+    note = (f"; {path} is a template (its header says so): its data is not shipped. "
+            f"Check the rest without it: rltune validate --skip-files {path}")
+    for f in missing:
+        f.message += note
+    return findings
+
+
 def check_all(path, overrides, strict: bool = False, files: bool = False, gpus=None, gpu_mem=None) -> tuple:
     """rltune.recipe.check, plus the lint rules over what the schema left when it rejected
     the recipe (loader.lint_partial): every problem in one run. (recipe or None, findings).
@@ -109,6 +143,7 @@ def check_all(path, overrides, strict: bool = False, files: bool = False, gpus=N
         from rltune.recipe.files import check_files
 
         findings += check_files(res)
+        findings = template_note(findings, path)
     if strict:
         findings = strictify(findings)
     schema = [f for f in findings if f.rule == "schema"]   # schema problems first, then the rest

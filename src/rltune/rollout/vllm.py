@@ -34,8 +34,10 @@ weights after loading, which is why a model's own `load_weights` fails there aft
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
 import time
 from typing import Iterable
 
@@ -43,6 +45,60 @@ from .base import Sampling
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 GiB = 1 << 30
+
+
+NUMA_NOTICE = "NUMA binding: Using "
+
+
+@contextlib.contextmanager
+def _quiet_numa_notice():
+    """Drop vLLM-CPU's "NUMA binding: Using MEMBIND policy ..." notice, and nothing else.
+
+    It is a C++ TORCH_WARN of the op `torch.ops._C.init_cpu_memory_env` (vllm/csrc/cpu/utils.cpp,
+    called by vllm/v1/worker/cpu_worker.py when the worker is built), printed straight to file
+    descriptor 2 on every engine build: no logger or warnings filter reaches it. For the length
+    of that one op call, fd 2 goes to a temporary file; every line of it except that notice is
+    written back to stderr (a real warning or error from the op still shows). No-op off CPU or
+    when the op is not there."""
+    ns = op = None
+    try:
+        import torch
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            current_platform.import_kernels()   # loads vllm._C (idempotent), which registers the op
+            ns = torch.ops._C
+            op = ns.init_cpu_memory_env
+    except Exception:  # noqa: BLE001 - another vLLM build: leave its output alone
+        ns = op = None
+    if op is None:
+        yield
+        return
+
+    def quiet_op(*args, **kwargs):
+        import tempfile
+
+        sys.stderr.flush()
+        saved = os.dup(2)
+        with tempfile.TemporaryFile() as tmp:
+            os.dup2(tmp.fileno(), 2)
+            try:
+                return op(*args, **kwargs)
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                tmp.seek(0)
+                kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                        if NUMA_NOTICE not in ln]
+                if kept:
+                    sys.stderr.write("".join(kept))
+                    sys.stderr.flush()
+
+    setattr(ns, "init_cpu_memory_env", quiet_op)
+    try:
+        yield
+    finally:
+        setattr(ns, "init_cpu_memory_env", op)
 
 
 def vllm_distribution() -> str | None:
@@ -174,6 +230,9 @@ class VLLMRollout:
             # reset after every weight sync (`load_weights`), so it never serves stale keys/values
             enable_prefix_caching=True,
             disable_log_stats=True,
+            # no "Loading safetensors checkpoint shards" progress bar on every engine build (the
+            # engine argument vLLM documents for it: LoadConfig.use_tqdm_on_load)
+            use_tqdm_on_load=False,
             trust_remote_code=bool(trust_remote_code),
         )
         if self.kv_cache_bytes is not None:
@@ -187,7 +246,7 @@ class VLLMRollout:
 
             kw.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_max_lora_rank(self.lora_rank))
         t0 = time.perf_counter()
-        with _keep_rng_state():   # in process, vLLM re-seeds the global RNGs with `seed`
+        with _keep_rng_state(), _quiet_numa_notice():   # in process, vLLM re-seeds the global RNGs with `seed`
             self.llm = LLM(**kw)
         self.init_s = time.perf_counter() - t0
         self.asleep = False
