@@ -32,3 +32,87 @@ def test_plot_other_output_and_bad_input(tmp_path, capsys):
     assert run(d, out) == 0 and out.stat().st_size > 10_000
     assert run(tmp_path / "missing") == 2
     assert "no such run directory" in capsys.readouterr().err
+
+
+# ---- issue 26 item 6: what the plot decides (pure functions, no pixels) -----------------------------
+
+def _log(tmp_path, trace, name="run"):
+    from rltune.monitor.runlog import read_metrics
+    return read_metrics(write_run(tmp_path / name, trace))
+
+
+def test_eval_before_training_is_drawn_at_step_0(tmp_path):
+    import json
+
+    from rltune.commands.plot import eval_points, panels
+    from synth import healthy
+
+    d = write_run(tmp_path / "run", healthy(30))
+    assert eval_points(d) == {}                              # no eval.json: nothing to draw
+    (d / "eval.json").write_text(json.dumps({"before": 0.70, "after": 0.85, "before_parts": {}}))
+    assert eval_points(d) == {"before": 0.70, "after": 0.85}
+    (d / "eval.json").write_text(json.dumps({"before": float("nan"), "after": "x"}))
+    assert eval_points(d) == {}                              # nothing finite: no marker
+    # a log with only the eval before training still gets its reward panel
+    log = _log(tmp_path, [{"step": s, "kl": 0.01} for s in range(1, 6)], "kl_only")
+    assert "reward" not in panels(log)
+    assert panels(log, eval_before=0.7)[0] == "reward"
+
+
+def test_constant_kl_coef_gets_no_twin_axis(tmp_path):
+    from rltune.commands.plot import kl_coef_axis
+    from synth import healthy
+
+    trace = healthy(30)                                      # kl_coef 0.05 on every step
+    assert kl_coef_axis(_log(tmp_path, trace, "const")) == (False, 0.05)
+    for i, m in enumerate(trace):
+        m["kl_coef"] = 0.05 * (1 + 0.01 * i)                 # an adaptive controller: it moves
+    assert kl_coef_axis(_log(tmp_path, trace, "adaptive")) == (True, None)
+    for m in trace:
+        del m["kl_coef"]
+    assert kl_coef_axis(_log(tmp_path, trace, "none")) == (False, None)
+
+
+def test_panels_without_data_are_dropped(tmp_path):
+    from rltune.commands.plot import PANELS, panels
+    from synth import healthy
+
+    assert panels(_log(tmp_path, healthy(30), "ppo")) == list(PANELS)
+    grpo = panels(_log(tmp_path, healthy(30, ppo=False), "grpo"))
+    assert "critic_loss" not in grpo and "grad_norm" in grpo
+    bare = healthy(30, ppo=False)
+    for m in bare:
+        for k in ("actor/clipfrac", "actor/lr"):
+            del m[k]
+    assert panels(_log(tmp_path, bare, "bare")) == ["reward", "kl", "grad_norm", "entropy", "length", "timing"]
+
+
+def test_resume_points_are_found(tmp_path):
+    from rltune.commands.plot import resume_steps
+    from synth import healthy
+
+    trace = healthy(40)
+    plain = write_run(tmp_path / "plain", trace)
+    assert resume_steps(plain) == []
+    # killed after step 27, resumed from the checkpoint of step 20: steps 21.. are appended again
+    resumed = write_run(tmp_path / "resumed", trace[:27] + trace[20:])
+    assert resume_steps(resumed) == [20]
+    # an autotune rollback at step 27 (back to 20) also repeats steps: not a resume
+    assert resume_steps(resumed, [{"step": 27, "kind": "rollback", "severity": "warning"}]) == []
+    # a resume at the last step logged repeats nothing: train.log names it
+    clean = write_run(tmp_path / "clean", trace)
+    (clean / "train.log").write_text("2026-01-01 10:00:00 INFO resumed from /x/checkpoints/step_30 at step 30\n")
+    assert resume_steps(clean) == [30]
+
+
+def test_plot_grpo_resumed_run_with_eval(tmp_path):
+    import json
+
+    from synth import healthy
+
+    trace = healthy(40, ppo=False)
+    for m in trace:
+        del m["actor/clipfrac"]
+    d = write_run(tmp_path / "run", trace[:27] + trace[20:])   # 7 panels: an odd count
+    (d / "eval.json").write_text(json.dumps({"before": 0.7, "after": 0.85}))
+    assert run(d) == 0 and (d / "run.png").stat().st_size > 10_000
