@@ -123,7 +123,7 @@ SOURCE_TAG = "# source: "   # first lines of RUN_DIR/recipe.yaml: the recipe fil
 # things are written, and is never taken from a run directory (it may be someone else's).
 PATCH_SAFE = ("algorithm.", "actor.", "critic.", "train.", "health.", "autotune.", "rollout.temperature",
               "rollout.top_p", "rollout.top_k", "rollout.batch_size", "rollout.max_new_tokens",
-              "rollout.mask_truncated", "rollout.rollout_correction", "reward.normalize", "reward.clip",
+              "rollout.mask_truncated", "reward.normalize", "reward.clip",
               "reward.on_error", "reward.overlong", "trainer.max_steps", "trainer.save_every", "trainer.eval_every",
               "trainer.keep_checkpoints", "trainer.precision", "trainer.seed")
 MAX_HEADER_LINE = 64 * 1024

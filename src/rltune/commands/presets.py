@@ -183,10 +183,6 @@ def run_apply(name: str, recipe: str, out: Optional[str], force: bool = False) -
     from rltune.recipe.loader import load_recipe_text
 
     load_preset_with_locs(name)  # unknown or unreadable preset, a preset naming presets: RecipeInputError, exit 2
-    if out:
-        from rltune.outputs import check_output
-
-        check_output(out, force, retry=f"rltune presets apply {name} {recipe} --output {out}")
     text, changes, skipped = apply_preset_text(name, recipe)
     log = sys.stdout if out else sys.stderr
     if out:

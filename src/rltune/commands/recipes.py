@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 from rltune.errors import RecipeInputError
-from rltune.outputs import check_output, write_output
+from rltune.outputs import write_output
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "recipes"
 _SCHEMA_LINE = re.compile(r"^# yaml-language-server: \$schema=(\S+)\s*$")
@@ -100,7 +100,6 @@ def run_copy(name: str, dest: str | None = None, force: bool = False) -> int:
     target = Path(dest) if dest else Path(src.name)
     if target.is_dir():
         target = target / src.name
-    check_output(target, force, retry=f"rltune recipes copy {name} {target}")   # a link (even dangling) is refused
     text, note = _retarget_schema(src.read_text(encoding="utf-8"), src, target)
     # the usage comments name the shipped path: name the copy instead
     shipped = f"recipes/{src.relative_to(RECIPE_DIR).as_posix()}"
