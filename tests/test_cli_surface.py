@@ -184,3 +184,44 @@ def test_doctor_prints_progress_to_stderr_and_json_to_stdout():
                             "rltune doctor: checking torch, CUDA and NCCL ...",
                             "rltune doctor: checking transformers ...",
                             "rltune doctor: checking DeepSpeed and its ops ..."]
+
+
+def _help(*args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "100", "TERM": "dumb"}
+    p = subprocess.run([sys.executable, "-m", "rltune", *args, "--help"], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+@pytest.mark.parametrize("args", [(), ("presets",), ("recipes",)])
+def test_help_lines_are_wrapped_by_the_terminal_not_the_source(args):
+    """A command's docstring wraps in the source; --help used to keep those breaks, so a line of the
+    command list stopped mid-sentence ("... logits, KV" / "cache) by phase"). Every line of an
+    entry but its last now runs to the panel's width."""
+    out = _help(*args)
+    panel = out[out.index("Commands"):].splitlines()[1:]
+    entries: list[list[str]] = []
+    for line in panel:
+        text = line.strip("│╰─╯ ")
+        if not text:
+            continue
+        if not line.startswith("│           "):      # a command name starts an entry
+            entries.append([])
+        entries[-1].append(text)
+    assert entries, out
+    for entry in entries:
+        for line in entry[:-1]:
+            assert len(line) > 70, f"broken mid-sentence: {line!r} in\n{out}"
+
+
+def test_output_cut_short_by_the_reader_is_no_bug():
+    """`rltune validate ... | head -1`: the reader leaves early; no 'probably a bug' message. The
+    read end is closed before the child writes a byte, so every write meets a closed pipe."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    p = subprocess.Popen([sys.executable, "-m", "rltune", "validate", "recipes/tiny-grpo.yaml", "--skip-files"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141, err
+    assert err == "", err

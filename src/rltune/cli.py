@@ -257,12 +257,13 @@ def train(
     hostfile: Optional[str] = typer.Option(None, "--hostfile", metavar="PATH", help="DeepSpeed launcher hostfile (multi-node)."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", metavar="HOST:PORT", help="torchrun rendezvous HOST:PORT."),
     node_rank: Optional[int] = typer.Option(None, "--node-rank", metavar="N", help="This node's rank (multi-node)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Build every engine, run one step on one micro-batch, print "
-                                 "peak memory per phase beside `rltune plan`'s estimate; writes nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Build every engine, run two small steps at the longest prompts and "
+                                 "responses, print peak memory per phase beside `rltune plan`'s estimate; "
+                                 "writes nothing."),
     fmt: str = typer.Option("text", "--format", "-f", metavar="FORMAT", help="With --dry-run: text | json (on stdout)."),
 ) -> None:
     """Validate RECIPE (lint errors stop it, warnings are shown), then train (or, with --dry-run,
-    measure one step's memory and exit)."""
+    measure the peak memory of two small steps and exit)."""
     from rltune.commands.train import run
     from rltune.quiet import quiet_dependencies
 
@@ -431,9 +432,13 @@ def main(argv: Optional[List[str]] = None) -> None:
         code = _fast(args)
         if code is not None:
             sys.exit(code)
+        _reflow_help()
         app(args=args, prog_name="rltune")
     except SystemExit:
         raise
+    except BrokenPipeError:  # `rltune validate ... | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
     except UserError as e:
         if debug:
             raise
@@ -450,6 +455,24 @@ def main(argv: Optional[List[str]] = None) -> None:
               "  this is probably a bug in rltune; rerun with RLTUNE_DEBUG=1 for a traceback and report it",
               file=sys.stderr)
         sys.exit(1)
+
+
+def reflow(text: str | None) -> str | None:
+    """A docstring as --help shows it: the source's line breaks inside a paragraph joined (the
+    terminal wraps), blank lines between paragraphs kept."""
+    if not text:
+        return text
+    import inspect
+
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in par.splitlines() if line.strip()) for par in paragraphs)
+
+
+def _reflow_help() -> None:
+    for typer_app in (app, presets_app, recipes_app):
+        for cmd in typer_app.registered_commands:
+            if cmd.help is None and cmd.callback is not None:
+                cmd.help = reflow(cmd.callback.__doc__)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,30 @@ def test_constant_kl_coef_gets_no_twin_axis(tmp_path):
     assert kl_coef_axis(_log(tmp_path, trace, "none")) == (False, None)
 
 
+def test_kl_is_drawn_per_token_where_logged(tmp_path):
+    """The quickstart's `kl` (summed over a response) reads 1.5 while its per-token KL, what the
+    monitor compares with health.kl_high 0.6, is 0.16: the plot draws the per-token figure."""
+    from rltune.commands.plot import kl_series
+
+    rows = [{"step": s, "kl": 1.5, "kl/token_mean": 0.16} for s in range(1, 6)]
+    assert kl_series(_log(tmp_path, rows, "both")) == ("kl/token_mean", "KL per token")
+    assert kl_series(_log(tmp_path, [{"step": 1, "kl": 0.3}], "other_tool")) == ("kl", "KL")
+
+
+def test_clipfrac_all_zero_gets_no_empty_twin_axis(tmp_path):
+    from rltune.commands.plot import lr_panel_title
+    from synth import healthy
+
+    trace = healthy(20, ppo=False)
+    assert lr_panel_title(_log(tmp_path, trace, "moving"))[0] is True
+    for m in trace:
+        m["actor/clipfrac"] = 0.0                            # GRPO, one update per batch
+    assert lr_panel_title(_log(tmp_path, trace, "zero")) == (False, "learning rate (clipfrac 0 on every step)")
+    for m in trace:
+        del m["actor/clipfrac"]
+    assert lr_panel_title(_log(tmp_path, trace, "none")) == (False, "learning rate")
+
+
 def test_panels_without_data_are_dropped(tmp_path):
     from rltune.commands.plot import PANELS, panels
     from synth import healthy

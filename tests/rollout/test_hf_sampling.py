@@ -84,3 +84,22 @@ def test_log_prob_temperature_is_the_sampling_one_or_one_when_greedy():
     greedy = Recipe.model_validate({**base, "rollout": {"temperature": 0.6, "do_sample": False}})
     assert greedy.logprob_temperature == 1.0
     assert Sampling(temperature=0.6, greedy=True).logprob_temperature == 1.0
+
+
+def test_dry_run_engine_runs_every_response_to_max_new_tokens(tmp_path):
+    """`train --dry-run` measures the longest responses: the FullLength wrapper holds EOS back until
+    max_new_tokens. At temperature 5 the tiny model's EOS comes often, so without it rows end early."""
+    from rltune.train.dryrun import FullLength
+
+    engine, tok = _engine(tmp_path, hostile=False)
+    prompt = tok("12+3=", add_special_tokens=False)["input_ids"]
+    s = Sampling(n=64, temperature=5.0, max_new_tokens=12)
+    torch.manual_seed(0)
+    free = engine.generate([prompt], s)
+    assert (free.response_mask.sum(-1) < 12).any()          # the check below could fail
+    torch.manual_seed(0)
+    full = FullLength(engine).generate([prompt], s)
+    assert full.response_ids.shape[1] == 12
+    ended = sum((full.response_ids[:, :-1] == e).sum() for e in engine.eos_ids)
+    assert int(ended) == 0, "an EOS before the last position: the response ended early"
+    assert FullLength(engine).eos_ids == engine.eos_ids      # everything else is the engine's

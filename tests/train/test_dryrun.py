@@ -1,5 +1,6 @@
-"""`rltune train --dry-run`: every engine built, one small step, peak memory per phase beside the
-plan's estimate, nothing written."""
+"""`rltune train --dry-run`: every engine built, two small steps at the longest prompts and responses,
+peak memory per phase beside the plan's estimate at those lengths, nothing written. How close the
+dry run comes to the plan and to a real run's peak: tests/plan/test_rss.py."""
 
 from __future__ import annotations
 
@@ -60,8 +61,8 @@ def test_dry_run_json_numbers_are_positive_and_ordered(capfd, recipe_factory, tm
     phases = report["phases"]
     assert list(phases) == ["setup", "rollout", "experience", "update", "sync"]
     assert report["device"] == "cpu" and report["world_size"] == 1
-    assert report["work"] == {"generation_calls": 1, "sequences_per_call": 16, "micro_batch_size": 16,
-                              "micro_batches_per_rank": 1, "optimizer_updates": 1}
+    assert report["work"] == {"steps": 2, "generation_calls": 1, "sequences_per_call": 16, "micro_batch_size": 16,
+                              "micro_batches_per_rank": 1, "optimizer_updates": 2}
     assert report["written"] == [] and report["plan_error"] is None
     for name, p in phases.items():
         assert p["measured"] > 0 and p["seconds"] >= 0, (name, p)
@@ -86,9 +87,39 @@ def test_reduced_recipe_keeps_per_pass_sizes():
     assert (small.rollout.batch_size, small.train.micro_batch_size) == (16, 8)       # as the recipe
     assert (small.train.batch_size, small.gen_calls_per_step) == (16, 1)             # lcm(16, 8): one call
     assert (small.train.ppo_epochs, small.train.updates_per_step) == (1, 1)
-    assert (small.trainer.max_steps, small.trainer.save_every, small.trainer.eval_every) == (1, 0, 0)
+    assert (small.trainer.max_steps, small.trainer.save_every, small.trainer.eval_every) == (2, 0, 0)
     big = reduced(r.model_copy(update={"train": r.train.model_copy(update={"micro_batch_size": 32})}), world=2)
     assert big.train.batch_size == 64 and big.gen_calls_per_step == 4                # fills 32 per rank x 2
+
+
+def test_dry_run_takes_the_longest_prompts_and_full_length_responses(capfd, recipe_factory, tmp_path):
+    """The worst case the run can meet: the one long prompt among short ones is in every call, and no
+    response ends before rollout.max_new_tokens (a random tiny model would stop early now and then)."""
+    import yaml
+
+    from rltune.data import load_prompts
+    from rltune.models.loading import load_tokenizer
+    from rltune.recipe import load_recipe
+    from rltune.train.prompts import encode_prompt
+
+    data = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": f"{i % 10}+1=", "answer": str(i % 10 + 1)} for i in range(63)]
+    rows.insert(37, {"prompt": "1+2+3+4+5+6+7+8+9+1+2+3+4+5+6+7+8+9+1+2+3+4=", "answer": "100"})
+    data.write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
+    path = recipe_factory("tiny-grpo.yaml", data__train=str(data), rollout__max_new_tokens=12)
+    res = run_inproc(capfd, "train", path, "--dry-run", "--format", "json")
+    assert res.returncode == 0, res.stderr[-4000:]
+    report = json.loads(res.stdout)
+    r = load_recipe(path).recipe
+    tok = load_tokenizer(r.model.policy)
+    prompts = load_prompts(str(data))
+    lengths = [len(encode_prompt(row, tok, r.data, prompts.prompt_key)) for row in prompts.rows]
+    assert report["lengths"]["prompt_tokens"] == max(lengths) > sorted(lengths)[-2], (report["lengths"], lengths)
+    assert report["lengths"]["response_tokens"] == 12
+    # every response at 12 tokens: tests/rollout/test_hf_sampling.py (a pad sampled last reads as padding)
+    assert report["step"]["response/length_mean"] > 11, report["step"]
+    assert yaml.safe_load(path.read_text())["trainer"]["max_steps"] == 20      # the recipe itself untouched
+    _no_run_written(tmp_path / "run")
 
 
 def test_format_json_needs_dry_run(capfd, recipe_factory):

@@ -73,8 +73,8 @@ def test_allow_recipe_change_takes_effect(finished, tmp_path, capfd):
     assert res.returncode == 0, res.stderr[-3000:]
     m = {x["step"]: x for x in read_metrics(run_dir)}
     assert sorted(m) == [1, 2, 3, 4]
-    for step in (3, 4):  # the new base lr times the schedule's factor (linear decay to 0.5 over 4 updates)
-        f = lr_factor(step, 2, 4, "linear", 0.5)
+    for step in (3, 4):  # the new base lr times the factor of the update that step made (0-based: step - 1)
+        f = lr_factor(step - 1, 2, 4, "linear", 0.5)
         assert m[step]["actor/lr"] == pytest.approx(0.015 * f, rel=1e-6), step
         assert m[step]["critic/lr"] == pytest.approx(0.045 * f, rel=1e-6), step
         assert m[step]["kl_coef"] == pytest.approx(0.05)
@@ -440,3 +440,26 @@ def test_a_link_in_the_run_directory_is_never_written_through(tmp_path, capfd, n
     res = run_inproc(capfd, "train", path)
     assert res.returncode != 0 and f"{run_dir / name} is a link" in res.stderr and "fix:" in res.stderr, res.stderr[-2000:]
     assert victim.read_text() == "not yours\n" and "Traceback" not in res.stderr
+
+
+def test_resume_of_a_finished_run_builds_nothing(finished, tmp_path, capfd, monkeypatch):
+    """`--resume auto` on a finished, complete run says there is nothing to do before any engine is
+    built (the quickstart's engines cost 18 s and 2.7 GB) and changes no file of the run."""
+    import rltune.train.setup as setup
+
+    path, run_dir = _copy(finished, tmp_path)
+    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+
+    def no_build(*a, **k):
+        raise AssertionError("engines built for a run with nothing left to do")
+
+    monkeypatch.setattr(setup, "build", no_build)
+    res = run_inproc(capfd, "train", path, "--resume", "auto")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "already finished at step 2" in res.stderr and "nothing to do" in res.stderr
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.name != "train.log"} == \
+        {p: t for p, t in before.items() if p.name != "train.log"}
+    # with final/ gone the engines are built again and the export redone (the test above)
+    shutil.rmtree(run_dir / "final")
+    res = run_inproc(capfd, "train", path, "--resume", "auto")
+    assert res.returncode != 0 and "engines built for a run" in res.stderr, res.stderr[-2000:]

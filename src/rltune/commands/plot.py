@@ -122,6 +122,21 @@ def kl_coef_axis(log) -> tuple[bool, Optional[float]]:
     return True, None
 
 
+def kl_series(log) -> tuple[str, str]:
+    """(key, label) of the KL drawn: per token where logged, the figure the health monitor compares
+    with health.kl_high (`kl` is summed over a response's tokens and grows with its length)."""
+    return ("kl/token_mean", "KL per token") if _logged(log, "kl/token_mean") else ("kl", "KL")
+
+
+def lr_panel_title(log) -> tuple[bool, str]:
+    """(clipfrac on a twin axis?, the panel's title): clipfrac that is 0 on every step (one update
+    per batch: the ratio is 1, nothing to clip) is said in the title, not drawn as an empty axis."""
+    ys = [y for y in log.values("actor/clipfrac") if math.isfinite(y)]
+    if any(y != 0 for y in ys):
+        return True, "learning rate (left) and clipfrac (right)"
+    return False, "learning rate (clipfrac 0 on every step)" if ys else "learning rate"
+
+
 def eval_points(run_dir) -> dict[str, float]:
     """The run's eval before and after training, from eval.json ({"before": .., "after": ..}, written
     at the end of a run with an eval set); {} when there is none. The before-score is drawn at
@@ -238,7 +253,8 @@ def _reward_panel(a, log, series, empty, max_points, eval_at) -> None:
 
 def render(log, events, out: Path, title: str, max_new_tokens: Optional[int] = None,
            grad_clip: Optional[float] = None, max_points: int = MAX_POINTS, force: bool = False,
-           default: bool = False, eval_at: Optional[dict] = None, resumed: Sequence[int] = ()) -> Path:
+           default: bool = False, eval_at: Optional[dict] = None, resumed: Sequence[int] = (),
+           kl_high: Optional[float] = None) -> Path:
     """Draw the panels that have data (`panels`), two a row. `eval_at`: eval.json's {"before",
     "after"} scores (drawn at step 0 and the last step); `resumed`: the steps a run resumed from
     (vertical lines labelled "resumed")."""
@@ -280,10 +296,13 @@ def render(log, events, out: Path, title: str, max_new_tokens: Optional[int] = N
     a = panel.get("kl")
     if a is not None:
         twin, const = kl_coef_axis(log)
-        a.set_title("KL (left) and kl_coef (right)" if twin else
-                    "KL" if const is None else f"KL (kl_coef {const:g}, constant)")
-        if not line(a, "kl", "kl", color="#2ca02c"):
-            empty(a, "kl")
+        key, what = kl_series(log)
+        a.set_title(f"{what} (left) and kl_coef (right)" if twin else
+                    what if const is None else f"{what} (kl_coef {const:g}, constant)")
+        if not line(a, key, key, color="#2ca02c"):
+            empty(a, key)
+        if key != "kl" and kl_high:
+            a.axhline(kl_high, color="grey", ls=":", lw=1, label=f"health.kl_high {kl_high:g}")
         if const is not None:   # a legend entry only: no axis for a flat line
             a.plot([], [], " ", label=f"kl_coef {const:g} (constant)")
         if twin:
@@ -340,8 +359,8 @@ def render(log, events, out: Path, title: str, max_new_tokens: Optional[int] = N
     # 8 lr / clipfrac (clipfrac on a twin axis when logged)
     a = panel.get("lr")
     if a is not None:
-        clip = log.has("actor/clipfrac")
-        a.set_title("learning rate (left) and clipfrac (right)" if clip else "learning rate")
+        clip, lr_title = lr_panel_title(log)
+        a.set_title(lr_title)
         line(a, "actor/lr", "actor/lr", color="#1f77b4")
         line(a, "critic/lr", "critic/lr", color="#ff7f0e")
         if clip:
@@ -461,7 +480,8 @@ def run(run_dir, out=None, maps: Sequence[str] = (), source: Optional[str] = Non
     title = f"{base.name or str(base)}: {len(log)} steps, {n_prob} health event(s)"
     try:
         render(log, events, out, title, recipe.rollout.max_new_tokens, recipe.actor.grad_clip, force=force,
-               default=default, eval_at=eval_points(run_dir), resumed=resume_steps(run_dir, events))
+               default=default, eval_at=eval_points(run_dir), resumed=resume_steps(run_dir, events),
+               kl_high=recipe.health.kl_high)
     except OSError as e:
         print(f"rltune plot: cannot write {out}: {e.strerror or e}", file=sys.stderr)
         return 2

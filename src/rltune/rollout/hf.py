@@ -204,7 +204,7 @@ def generation_config(s: Sampling, eos_ids: list[int], pad_id: int):
     from transformers import GenerationConfig
 
     neutral = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
-                   min_length=0, min_new_tokens=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
+                   min_length=0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
                    min_p=None, bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None,
                    forced_bos_token_id=None, forced_eos_token_id=None, sequence_bias=None,
                    exponential_decay_length_penalty=None, renormalize_logits=False,
@@ -214,6 +214,6 @@ def generation_config(s: Sampling, eos_ids: list[int], pad_id: int):
         sampling = dict(do_sample=False, temperature=1.0, top_p=1.0, top_k=0)
     else:
         sampling = dict(do_sample=True, temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k))
-    return GenerationConfig(max_new_tokens=s.max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id,
+    return GenerationConfig(max_new_tokens=s.max_new_tokens, min_new_tokens=s.min_new_tokens or None, eos_token_id=eos_ids, pad_token_id=pad_id,
                             return_dict_in_generate=False, output_logits=False, output_scores=False, use_cache=True,
                             stop_strings=list(s.stop) or None, **neutral, **sampling)

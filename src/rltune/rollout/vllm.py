@@ -293,6 +293,7 @@ class VLLMRollout:
             top_p=1.0 if greedy else float(s.top_p),
             top_k=-1 if (greedy or not s.top_k) else int(s.top_k),   # -1/0 = off in vLLM
             max_tokens=int(s.max_new_tokens),
+            min_tokens=int(s.min_new_tokens),
             stop=list(s.stop) or None,
             stop_token_ids=sorted(self.eos_ids),
             include_stop_str_in_output=True,   # hf keeps the token that completed a stop string

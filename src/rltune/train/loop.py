@@ -265,7 +265,9 @@ def _role_metrics(role: str, results, engine) -> dict:
     out = {
         f"{role}/loss": sum(x.loss for x in done) / len(done) if done else float("nan"),
         f"{role}/grad_norm": sum(x.grad_norm for x in done) / len(done) if done else float("nan"),
-        f"{role}/lr": current_lr(engine),
+        # the lr the applied updates stepped with (warmup's first update: a fraction of the peak),
+        # not the scheduler's value for the next one
+        f"{role}/lr": sum(x.lr for x in done) / len(done) if done else current_lr(engine),
         f"{role}/skipped_updates": len(results) - len(done) - overflow,
         f"{role}/overflow_skips": overflow,
     }

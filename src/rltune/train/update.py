@@ -53,6 +53,7 @@ class UpdateResult:
     skipped: bool = False
     reason: str = ""
     stats: dict = field(default_factory=dict)   # weighted means of per-micro-batch stats
+    lr: float = float("nan")                    # the learning rate this update stepped with
     # fp16 only: skipped because the gradients overflowed at a loss scale the dynamic scaler could
     # still lower (it did). Normal while the scale settles, not a broken run; False for a
     # non-finite loss and for an overflow at the minimum scale.
@@ -129,7 +130,7 @@ def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: 
         mb.response_mask.dtype)]) for mb in micro_batches]).double().tolist()                   # one sync
     tokens, seqs = [x[0] for x in counts], [x[1] for x in counts]
     total_tokens, total_seqs = global_sum([float(sum(tokens)), float(sum(seqs))])
-    result = UpdateResult()
+    result = UpdateResult(lr=float(engine.get_lr()[0]))    # the scheduler moves it on in engine.step()
     losses, loss_sum, stat_sums = [], None, {}
     engine.train()
     for mb, n_tok, n_seq in zip(micro_batches, tokens, seqs):
