@@ -28,6 +28,8 @@ CASES = [
      ["rollout.lora_sync=merged"]),
     ("setting-without-effect", MINIMAL, ["logging.mlflow_tracking_uri=http://h:5000"], "error", "set logging.mlflow: true",
      ["logging.mlflow_tracking_uri=http://h:5000", "logging.mlflow=true"]),
+    ("setting-without-effect", MINIMAL, ["data.train=prompts.jsonl", "trainer.eval_every=5"], "error",
+     "set data.eval: PATH", ["data.train=prompts.jsonl", "trainer.eval_every=5", "data.eval=held-out.jsonl"]),
     ("mask-truncated-short", MINIMAL, ["rollout.mask_truncated=true", "rollout.max_new_tokens=6"], "warning",
      "raise rollout.max_new_tokens (to at least 64)", ["rollout.mask_truncated=true", "rollout.max_new_tokens=256"]),
 ]

@@ -42,7 +42,8 @@ def rollback_no_target(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 
 @rule("setting-without-effect", "error",
       "trainer.save_merged without model.lora; reward.timeout other than its default without reward.isolate; "
-      "rollout.lora_sync adapter without model.lora; logging.mlflow_tracking_uri without logging.mlflow",
+      "rollout.lora_sync adapter without model.lora; logging.mlflow_tracking_uri without logging.mlflow; "
+      "trainer.eval_every on file data without data.eval",
       "the setting only acts together with another one that is off, so it would be silently ignored")
 def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     why = RULES["setting-without-effect"].why
@@ -59,6 +60,11 @@ def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     if lg.mlflow_tracking_uri and not lg.mlflow:
         yield Hit("logging.mlflow_tracking_uri", f"logging.mlflow_tracking_uri set without logging.mlflow: {why}",
                   "set logging.mlflow: true, or remove logging.mlflow_tracking_uri")
+    d = r.data
+    if r.trainer.eval_every > 0 and d.eval is None and not d.train.startswith("builtin:"):
+        yield Hit("trainer.eval_every", f"trainer.eval_every {r.trainer.eval_every} without data.eval: {why} (held-out "
+                  f"prompts come from data.eval; only builtin tasks have a split of their own, so {d.train} is "
+                  "never evaluated)", "set data.eval: PATH (held-out prompts, same format), or trainer.eval_every: 0")
     if r.rollout.lora_sync != defaults["lora_sync"] and r.model.lora is None:
         yield Hit("rollout.lora_sync", f"rollout.lora_sync {r.rollout.lora_sync} without model.lora: {why}",
                   "remove rollout.lora_sync, or set model.lora")

@@ -56,7 +56,7 @@ class ModelCfg(Section):
 
 class DataCfg(Section):
     train: str = F(..., description="Training prompts: a .jsonl/.json/.parquet/.csv file, hf:NAME[:CONFIG][:SPLIT] (a Hugging Face hub id or a local dataset directory; split train by default), or builtin:arithmetic.")
-    eval: Optional[str] = F(None, "Held-out prompts for eval reward (same forms; an hf: source defaults to split test); builtin tasks use a disjoint split.")
+    eval: Optional[str] = F(None, "Held-out prompts for eval reward (same forms; an hf: source defaults to split test); builtin tasks use a disjoint split. Without it, a run on file data has no eval: no eval before and after training, no eval every trainer.eval_every steps.")
     prompt_key: str = F("prompt", "Column holding the prompt text (or a list of chat messages).")
     max_prompt_length: int = F(256, "Prompts are left-truncated to this many tokens.", ge=8, le=131072)
     apply_chat_template: bool = F(True, "Wrap prompts with the tokenizer's chat template when it has one.")
