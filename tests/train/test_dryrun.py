@@ -106,7 +106,7 @@ def test_dry_run_takes_the_longest_prompts_and_full_length_responses(capfd, reci
     rows = [{"prompt": f"{i % 10}+1=", "answer": str(i % 10 + 1)} for i in range(63)]
     rows.insert(37, {"prompt": "1+2+3+4+5+6+7+8+9+1+2+3+4+5+6+7+8+9+1+2+3+4=", "answer": "100"})
     data.write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
-    path = recipe_factory("tiny-grpo.yaml", data__train=str(data), rollout__max_new_tokens=12)
+    path = recipe_factory("tiny-grpo.yaml", data__train=str(data), rollout__max_new_tokens=12, trainer__eval_every=0)
     res = run_inproc(capfd, "train", path, "--dry-run", "--format", "json")
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout)
