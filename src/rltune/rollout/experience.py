@@ -17,12 +17,17 @@ class Experience:
     prompt_ids: torch.Tensor          # (B, P) long, left-padded
     prompt_mask: torch.Tensor         # (B, P) long, 1 = real token
     response_ids: torch.Tensor        # (B, T) long, right-padded
-    response_mask: torch.Tensor       # (B, T) float, 1 = generated token up to and including EOS
+    response_mask: torch.Tensor       # (B, T) float, 1 = a real response token (attended): generated
+                                      # up to and including EOS, and in an episode the environment's too
+    loss_mask: Optional[torch.Tensor] = None     # (B, T) float, 1 = a token the model generated (trained);
+                                                 # None = response_mask (single-turn: every real token is the model's)
     rollout_logp: Optional[torch.Tensor] = None  # (B, T) log-probs the rollout engine reports (pi_rollout)
     index: Optional[torch.Tensor] = None         # (B,) long: row number in the step (kept by `select`)
 
     # -- outcome (from the reward functions / model) --
     scores: Optional[torch.Tensor] = None        # (B,) reward per sequence
+    truncated: Optional[torch.Tensor] = None     # (B,) bool, episodes: cut at rollout.max_turns or
+                                                 # max_episode_tokens (None: from the EOS, truncated_rows)
 
     # -- model outputs without autograd --
     ref_logp: Optional[torch.Tensor] = None      # (B, T) reference model log-probs
@@ -38,6 +43,12 @@ class Experience:
     @property
     def size(self) -> int:
         return self.response_ids.shape[0]
+
+    @property
+    def train_mask(self) -> torch.Tensor:
+        """(B, T) the tokens in the loss, the KL, the entropy, the advantages and the token counts:
+        the model's own. Environment and tool tokens of an episode are attended, never trained."""
+        return self.response_mask if self.loss_mask is None else self.loss_mask
 
     @property
     def prompt_width(self) -> int:
@@ -108,4 +119,8 @@ class Experience:
         )
         if all(p.rollout_logp is not None for p in parts):
             out.rollout_logp = torch.cat([right(p.rollout_logp, T, 0.0) for p in parts])
+        if all(p.truncated is not None for p in parts):
+            out.truncated = torch.cat([p.truncated for p in parts])
+        if any(p.loss_mask is not None for p in parts):
+            out.loss_mask = torch.cat([right(p.train_mask, T, 0) for p in parts])
         return out

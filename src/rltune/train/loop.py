@@ -69,7 +69,7 @@ def needs_behavior_forward(recipe, has_reference: bool) -> bool:
 
 def compute_advantages(c: Components, exp: Experience, kl_coef: float) -> None:
     """Steps 6-7: the KL in the reward (when configured) and advantages; fills exp in place."""
-    algo, mask = c.recipe.algorithm, exp.response_mask
+    algo, mask = c.recipe.algorithm, exp.train_mask
     in_reward = algo.kl.mode == "reward" and exp.ref_logp is not None
     scores = exp.scores                                                              # (B,)
     if algo.name in ("ppo", "reinforce_pp"):
@@ -150,7 +150,7 @@ def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator, ma
 
     # 8. updates: ppo_epochs passes, each train.updates_per_step optimizer updates
     t0 = time.perf_counter()
-    sink = torch.zeros_like(exp.response_mask) if exp.behavior_logp is None else None
+    sink = torch.zeros_like(exp.train_mask) if exp.behavior_logp is None else None
     actor_loss = make_actor_loss(c.actor, r, knobs, c.correction, behavior_sink=sink)
     critic_loss = make_critic_loss(c.critic, r) if c.critic is not None else None
     update_size = max(1, r.train.batch_size // c.dist.world_size)
@@ -169,7 +169,7 @@ def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator, ma
 
 def policy_metrics(c: Components, exp: Experience) -> dict:
     """KL to the reference and the rollout/trainer mismatch, over the global batch."""
-    algo, mask = c.recipe.algorithm, exp.response_mask
+    algo, mask = c.recipe.algorithm, exp.train_mask
     m: dict = {}
     if exp.ref_logp is not None:
         kl_seq = gather_rows((kl_estimate(exp.behavior_logp, exp.ref_logp, algo.kl.estimator) * mask).sum(-1))

@@ -111,7 +111,7 @@ def score(c, s: Scored) -> Scored:
     scores = torch.tensor(result.scores, dtype=torch.float32)                        # (B,)
     s.raw = dict(result.raw)
     if r.reward.overlong is not None:
-        pen = overlong_penalty(s.exp.response_mask.sum(-1), r.rollout.max_new_tokens,
+        pen = overlong_penalty(s.exp.train_mask.sum(-1), r.rollout.max_new_tokens,
                                r.reward.overlong.buffer, r.reward.overlong.penalty)   # (B,)
         scores = scores + pen
         s.raw["overlong"] = pen.tolist()
@@ -199,13 +199,17 @@ def sample_step(c) -> StepBatch:
 
     # responses cut at max_new_tokens: counted, and masked out of the loss when asked
     exp = batch.exp
-    lengths = exp.response_mask.sum(-1)                                        # (B,)
-    trunc = truncated_rows(exp.response_ids, exp.response_mask, set(c.rollout.eos_ids),
-                           r.rollout.max_new_tokens)                           # (B,) bool
+    lengths = exp.train_mask.sum(-1)                                           # (B,) the model's tokens
+    trunc = exp.truncated if exp.truncated is not None else truncated_rows(
+        exp.response_ids, exp.response_mask, set(c.rollout.eos_ids), r.rollout.max_new_tokens)  # (B,) bool
     if r.rollout.mask_truncated:
-        exp.response_mask = exp.response_mask * (~trunc).to(exp.response_mask.dtype)[:, None]
+        keep = (~trunc).to(exp.response_mask.dtype)[:, None]                   # (B, 1)
+        if exp.loss_mask is None:
+            exp.response_mask = exp.response_mask * keep
+        else:  # an episode's tokens stay attended; none of them is trained
+            exp.loss_mask = exp.loss_mask * keep
         if exp.rollout_logp is not None:
-            exp.rollout_logp = exp.rollout_logp * exp.response_mask
+            exp.rollout_logp = exp.rollout_logp * exp.train_mask
         n_trunc, n_all = global_sum([float(trunc.sum()), float(trunc.numel())])
         m["rollout/masked_truncated_frac"] = n_trunc / max(n_all, 1.0)
     return StepBatch(batch, lengths, m, rollout_s, reward_s)

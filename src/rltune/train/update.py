@@ -126,15 +126,15 @@ def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: 
     # DeepSpeed averages gradients over ranks, so a rank's share of the global update is its
     # micro-batch weight (over the global batch) times the world size
     world = world_size()
-    counts = torch.stack([torch.stack([mb.response_mask.sum(), (mb.response_mask.sum(-1) > 0).sum().to(
-        mb.response_mask.dtype)]) for mb in micro_batches]).double().tolist()                   # one sync
+    counts = torch.stack([torch.stack([mb.train_mask.sum(), (mb.train_mask.sum(-1) > 0).sum().to(
+        mb.train_mask.dtype)]) for mb in micro_batches]).double().tolist()                   # one sync
     tokens, seqs = [x[0] for x in counts], [x[1] for x in counts]
     total_tokens, total_seqs = global_sum([float(sum(tokens)), float(sum(seqs))])
     result = UpdateResult(lr=float(engine.get_lr()[0]))    # the scheduler moves it on in engine.step()
     losses, loss_sum, stat_sums = [], None, {}
     engine.train()
     for mb, n_tok, n_seq in zip(micro_batches, tokens, seqs):
-        w = micro_weight(mb.response_mask, total_tokens, total_seqs, agg, tokens=n_tok, seqs=n_seq) * world
+        w = micro_weight(mb.train_mask, total_tokens, total_seqs, agg, tokens=n_tok, seqs=n_seq) * world
         loss, stats = loss_fn(mb)
         engine.backward(loss * w, scale_wrt_gas=False)
         # stats are token-means over valid tokens: weighted by token share whatever the loss_agg,
@@ -245,7 +245,7 @@ def make_actor_loss(actor, recipe, knobs: Knobs, correction: str = "none",
     shared = use_shared_prompts(recipe, actor)
 
     def loss_fn(mb: Experience):
-        mask = mb.response_mask                                        # (b, T)
+        mask = mb.train_mask                                           # (b, T) the model's tokens
         logits = response_logits(actor, mb, shared=shared)             # (b, T, V) at temperature 1
         # fused log-prob + entropy at the log-prob temperature (no float32 copy of the logits)
         logp, entropy = token_logprobs_entropy(logits, mb.response_ids, temperature)    # (b, T), (b, T)
@@ -286,7 +286,7 @@ def make_critic_loss(critic, recipe):
 
     def loss_fn(mb: Experience):
         values = response_values(critic, mb, shared)                   # (b, T) value before each token
-        loss, stats = value_loss(values, mb.old_values, mb.returns, mb.response_mask, algo.value_clip,
+        loss, stats = value_loss(values, mb.old_values, mb.returns, mb.train_mask, algo.value_clip,
                                  agg=algo.loss_agg, norm_len=norm_len)
         return loss, stats
 
@@ -302,11 +302,11 @@ def forward_logp(model, exp: Experience, temperature: float, micro: int, group: 
     for mb in passes(exp, micro, group):
         logits = response_logits(model, mb, shared=shared)                           # (b, T', V)
         out.append((mb, token_logprobs_entropy(logits, mb.response_ids, temperature)[0]))
-    return scatter(out, exp.response_mask) * exp.response_mask
+    return scatter(out, exp.response_mask) * exp.train_mask
 
 
 @torch.no_grad()
 def forward_values(critic, exp: Experience, micro: int, group: int = 1, shared: bool = False) -> torch.Tensor:
     """(B, T) critic values before each response token, without autograd."""
     out = [(mb, response_values(critic, mb, shared)) for mb in passes(exp, micro, group)]
-    return scatter(out, exp.response_mask) * exp.response_mask
+    return scatter(out, exp.response_mask) * exp.train_mask
