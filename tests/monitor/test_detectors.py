@@ -81,6 +81,20 @@ def test_kl_high_advice_raises_kl_coef():
     assert "algorithm.kl.coef" not in evs[0].changes and "actor.lr" in evs[0].changes
 
 
+def test_steps_without_a_gradient_set_no_scale_for_a_spike():
+    """A sparse-reward run (tiny-guess: every advantage zero for 15 steps, grad norm 0): its first
+    real gradient is no spike; a real spike after real gradients still is one."""
+    trace = healthy(60, 1, ppo=False)
+    for m in trace[:15]:
+        m["actor/grad_norm"] = 0.0
+    trace[15]["actor/grad_norm"] = 0.13
+    _, evs = run(trace[:30], GRPO)
+    assert "grad_spike" not in {e.kind for e in evs}, [(e.step, e.message) for e in evs]
+    trace[40]["actor/grad_norm"] = 100.0
+    _, evs = run(trace, GRPO)
+    assert [e.step for e in evs if e.kind == "grad_spike"] == [41]
+
+
 def test_spike_advice_covers_clip_lr_precision_warmup():
     r = Recipe.model_validate({**RECIPE, "actor": {"lr": 1e-6, "grad_clip": None, "warmup_steps": 0},
                                "trainer": {"precision": "fp16"}})

@@ -102,7 +102,7 @@ def global_experience(recipe, updates: int):
     engine = HFRollout(load_causal_lm("builtin:tiny-llama", "fp32", "eager", "cpu"), tok)
     rows = [{"prompt": f"{a}+{a + 1}=", "answer": str(2 * a + 1)} for a in range(200)]
     c = SimpleNamespace(recipe=recipe, tokenizer=tok, rollout=engine, rewards=scripted_rewards,
-                        train_set=SimpleNamespace(rows=rows, prompt_key="prompt"), dist=SimpleNamespace(is_main=False),
+                        train_set=SimpleNamespace(rows=rows, prompt_key="prompt"), dist=SimpleNamespace(is_main=False), env=None,
                         sampler=PromptSampler(len(rows), recipe.prompts_per_call, 0, shuffle=False))
     torch.manual_seed(1234)
     drawn = sample_step(c)

@@ -127,7 +127,7 @@ def test_train_on_bad_data_exits_2_with_the_line(capfd, recipe_factory, tmp_path
 
     data = tmp_path / "d.jsonl"
     data.write_bytes(b'{"prompt": "1+1=", "answer": "2"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
-    res = run_inproc(capfd, "train", recipe_factory(data={"train": str(data)}))
+    res = run_inproc(capfd, "train", recipe_factory(data={"train": str(data)}, trainer__eval_every=0))
     assert res.returncode == 2, res.stderr[-2000:]
     assert "Traceback" not in res.stderr and "probably a bug" not in res.stderr
     assert f"data.train: data file {data}, line 2: byte 0xe9" in res.stderr and "fix: save the file as UTF-8" in res.stderr

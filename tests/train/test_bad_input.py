@@ -47,7 +47,7 @@ def test_reward_on_error_zero_keeps_training(capfd, recipe_factory, tmp_path):
 def test_data_file_without_prompt_column(capfd, recipe_factory, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"question": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(50)))
-    path = recipe_factory(data={"train": str(data)})
+    path = recipe_factory(data={"train": str(data)}, trainer__eval_every=0)
     res = run_inproc(capfd, "train", path)
     _check(res, 2, "no column 'prompt'", "question", "data.prompt_key")
 
@@ -55,13 +55,13 @@ def test_data_file_without_prompt_column(capfd, recipe_factory, tmp_path):
 def test_empty_data_file(capfd, recipe_factory, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("")
-    path = recipe_factory(data={"train": str(data)})
+    path = recipe_factory(data={"train": str(data)}, trainer__eval_every=0)
     res = run_inproc(capfd, "train", path)
     _check(res, 2, "d.jsonl is empty")
 
 
 def test_missing_data_file(capfd, recipe_factory, tmp_path):
-    path = recipe_factory(data={"train": str(tmp_path / "nope.parquet")})
+    path = recipe_factory(data={"train": str(tmp_path / "nope.parquet")}, trainer__eval_every=0)
     res = run_inproc(capfd, "train", path)
     _check(res, 2, "nope.parquet does not exist")
 

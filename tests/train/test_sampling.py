@@ -99,7 +99,7 @@ def components(overrides: dict, rollout=None, rows=None, rank: int = 0, world: i
         sampler=PromptSampler(len(rows), max(1, recipe.prompts_per_call // world), 0, shuffle=False,
                               drop_last=False, rank=rank, world_size=world),
         rollout=rollout or ScriptedRollout(6),
-        rewards=rewards, dist=SimpleNamespace(is_main=True))
+        rewards=rewards, dist=SimpleNamespace(is_main=True), env=None)
 
 
 def group_signal(batch) -> list[bool]:

@@ -25,7 +25,7 @@ from .rows import DataError, _fail, _json_type, check_rows, missing_file_reason 
 
 FORMATS = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 LOADERS = FORMATS  # the extensions data.train / data.eval accept
-BUILTIN_TASKS = ("arithmetic",)
+BUILTIN_TASKS = ("arithmetic", "calculator", "guess")   # the last two: rollout.env episodes (docs/agents.md)
 SCAN_BYTES = 16_000_000  # `validate` reads at most this much of a data file (train reads it all)
 
 
@@ -265,7 +265,13 @@ def load_prompts(spec: str, prompt_key: str = "prompt", *, size: int = 2000, dig
         if name not in BUILTIN_TASKS:
             raise DataError(f"{key}: unknown builtin data {spec!r}",
                             "use one of: " + ", ".join("builtin:" + t for t in BUILTIN_TASKS))
-        return PromptSet(arithmetic_rows(size, digits, seed, split, chat), "prompt", spec)
+        if name == "arithmetic":
+            return PromptSet(arithmetic_rows(size, digits, seed, split, chat), "prompt", spec)
+        from ..agents.builtin import calculator_rows, guess_rows
+
+        split_seed = seed * 2 + (1 if split == "eval" else 0)        # train and eval draw apart
+        rows = calculator_rows(size, split_seed, digits if digits >= 2 else 3) if name == "calculator" else guess_rows(size, split_seed)
+        return PromptSet(rows, "prompt", spec)
     if spec.startswith("hf:"):
         try:
             rows, _ = load_hf_rows(spec, prompt_key, key=key)

@@ -429,10 +429,11 @@ def max_model_len(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
                   f"set rollout.max_model_len: {need} (or remove it: the default is exactly that)")
 
 
-@rule("no-reward", "error", "reward.functions empty and reward.model unset",
+@rule("no-reward", "error", "reward.functions empty and reward.model unset (and no rollout.env, whose reward() "
+      "`validate` checks with the files)",
       "with no reward every advantage is zero: the run burns compute and the policy never moves")
 def no_reward(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
-    if not r.reward.functions and r.reward.model is None:
+    if not r.reward.functions and r.reward.model is None and not r.rollout.env:
         yield Hit("reward", f"no reward: reward.functions is empty and reward.model is unset; {RULES['no-reward'].why}",
                   "set reward.functions: [builtin:exact_answer] (or a module:function of your own), or reward.model")
 

@@ -201,6 +201,10 @@ class RolloutCfg(Section):
     lora_sync: Literal["merged", "adapter"] = F("merged", "With model.lora: push the merged weights into the rollout engine (works with every engine), or only the adapter (vLLM builds with LoRA support).")
     sleep_mode: bool = F(True, "vLLM: free rollout memory while training where the platform supports it.")
     logprob_tolerance: float = F(0.05, "Stale-weight guard: max mean |rollout logp - actor logp| before a warning.", gt=0, le=100)
+    env: Optional[str] = F(None, "Episodes instead of single completions (docs/agents.md): an environment class, builtin:NAME (calculator, guess), module:Class or path/to/file.py:Class; one instance per episode. Its tools (public methods) or its step() answer each assistant turn; its reward(), if defined, scores the episode.")
+    max_turns: int = F(4, "Episodes: assistant turns at most; an episode the environment has not ended by then is truncated.", ge=1, le=1000)
+    max_episode_tokens: int = F(1024, "Episodes: response-side tokens at most (the model's and the environment's, after the prompt); an episode that reaches it is truncated.", ge=8, le=1_048_576)
+    tool_timeout_s: float = F(10.0, "Episodes: seconds a tool call or step() may take before it is cut and reported to the model as an error.", gt=0, le=3600)
 
 
 class TrainCfg(Section):

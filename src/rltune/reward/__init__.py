@@ -50,8 +50,9 @@ class RewardComputer:
     """Calls the recipe's reward functions (and model) and combines them."""
 
     def __init__(self, cfg, base_dir: Path | None = None, reward_model=None, log=None,
-                 gather: Callable[[list[float]], list[float]] | None = None):
-        """`gather(values)` returns the values of every rank (the global batch; identity with one
+                 gather: Callable[[list[float]], list[float]] | None = None, env_reward: bool = False):
+        """`env_reward`: an episode environment scores the samples (rollout.env; its scores come in
+        `__call__`'s `env_scores`), so no function or model is needed. `gather(values)` returns the values of every rank (the global batch; identity with one
         rank): the running normaliser sees the global batch, so its state is the same on every rank."""
         self.cfg = cfg
         self.gather = gather or (lambda values: values)
@@ -70,7 +71,8 @@ class RewardComputer:
         self.reward_model = reward_model
         self.moments = RunningMoments()
         self.log = log
-        if not self.functions and reward_model is None:
+        self.env_reward = env_reward
+        if not self.functions and reward_model is None and not env_reward:
             raise RewardError("no reward: set reward.functions (e.g. [builtin:exact_answer]) or reward.model")
 
     def _call_one(self, spec, fn, prompts, completions, columns) -> list[float]:
@@ -146,7 +148,8 @@ class RewardComputer:
                 fn.close()
 
     def __call__(self, prompts: list[str], completions: list[str], columns: dict[str, list],
-                 conversations: list[list[dict]] | None = None, training: bool = True) -> RewardResult:
+                 conversations: list[list[dict]] | None = None, training: bool = True,
+                 env_scores: list[float] | None = None) -> RewardResult:
         """`conversations`: the prompt messages of each sample ({"role", "content"} dicts, no
         assistant turn; see train.prompts.prompt_messages), for the reward model's chat template.
         None: the reward model sees each prompt as one user message. `training=False` (eval):
@@ -162,6 +165,9 @@ class RewardComputer:
             values = [float(v) for v in self.reward_model(prompts, completions, conversations=conversations)]
             raw["model"] = values
             total = [t + v for t, v in zip(total, values)]
+        if env_scores is not None:      # an episode environment's own reward (rollout.env), weight 1
+            raw["env"] = [float(v) for v in env_scores]
+            total = [t + v for t, v in zip(total, raw["env"])]
         total = self._finite_sums(total, raw, prompts)
         if not training:
             return RewardResult(total, raw)

@@ -308,12 +308,20 @@ def evaluate(c: Components):
     parts: dict[str, list[float]] = {}
     for i in range(0, len(rows), 32):
         chunk = rows[i:i + 32]
-        ids = [encode_prompt(row, tok, r.data, c.eval_set.prompt_key) for row in chunk]
-        exp = c.rollout.generate(ids, Sampling.from_recipe(r.rollout, 1, greedy=True))
-        prompts = [prompt_text(row, c.eval_set.prompt_key) for row in chunk]
-        conversations = [prompt_messages(row, c.eval_set.prompt_key, r.data) for row in chunk]
-        res = c.rewards(prompts, decode(tok, exp, c.rollout), reward_columns(chunk, c.eval_set.prompt_key),
-                        conversations=conversations, training=False)
+        columns = reward_columns(chunk, c.eval_set.prompt_key)
+        if c.env is not None:   # rollout.env: greedy episodes, scored as in training
+            from .episodes import play
+
+            ep = play(c, chunk, c.eval_set.prompt_key, 1, greedy=True)
+            res = c.rewards(ep.prompts, ep.completions, columns, conversations=ep.conversations, training=False,
+                            env_scores=ep.env_scores)
+        else:
+            ids = [encode_prompt(row, tok, r.data, c.eval_set.prompt_key) for row in chunk]
+            exp = c.rollout.generate(ids, Sampling.from_recipe(r.rollout, 1, greedy=True))
+            prompts = [prompt_text(row, c.eval_set.prompt_key) for row in chunk]
+            conversations = [prompt_messages(row, c.eval_set.prompt_key, r.data) for row in chunk]
+            res = c.rewards(prompts, decode(tok, exp, c.rollout), columns, conversations=conversations,
+                            training=False)
         scores += res.scores
         for spec, values in res.raw.items():
             parts.setdefault(spec, []).extend(values)

@@ -39,12 +39,15 @@ class Scored:
     rows: list[dict]                                  # (B,) dataset rows (reward columns)
     conversations: list[list[dict]]                   # (B,) chat messages of the prompt
     raw: dict[str, list[float]] = field(default_factory=dict)   # per reward source, (B,) each
+    env_scores: list[float] | None = None             # (B,) rollout.env: the environment's reward
+    episode: dict = field(default_factory=dict)       # rollout.env: this rank's episode sums
 
     def select(self, index: list[int]) -> "Scored":
         pick = lambda xs: [xs[i] for i in index]  # noqa: E731
         return Scored(self.exp.select(torch.tensor(index, dtype=torch.long)), pick(self.prompts),
                       pick(self.completions), pick(self.rows), pick(self.conversations),
-                      {k: pick(v) for k, v in self.raw.items()})
+                      {k: pick(v) for k, v in self.raw.items()},
+                      None if self.env_scores is None else pick(self.env_scores), self.episode)
 
     @staticmethod
     def concat(parts: list["Scored"], pad_id: int) -> "Scored":
@@ -52,9 +55,10 @@ class Scored:
             return parts[0]
         exp = Experience.concat([p.exp for p in parts], pad_id)
         exp.scores = torch.cat([p.exp.scores for p in parts])
+        env = None if parts[0].env_scores is None else sum((p.env_scores for p in parts), [])
         return Scored(exp, *[sum((getattr(p, k) for p in parts), []) for k in
                              ("prompts", "completions", "rows", "conversations")],
-                      {k: sum((p.raw[k] for p in parts), []) for k in parts[0].raw})
+                      {k: sum((p.raw[k] for p in parts), []) for k in parts[0].raw}, env, parts[0].episode)
 
 
 @dataclass
@@ -91,6 +95,12 @@ def rollout_phase(c, calls: int) -> Scored:
     scheduler within the KV cache). Scores are not filled yet."""
     r, tok = c.recipe, c.tokenizer
     n = r.algorithm.group_size
+    if c.env is not None:   # rollout.env: episodes, turn by turn (episodes.py)
+        from .episodes import play
+
+        rows = [c.train_set.rows[i] for _ in range(calls) for i in c.sampler.next_batch()]
+        ep = play(c, rows, c.train_set.prompt_key, n)
+        return Scored(ep.exp, ep.prompts, ep.completions, ep.rows, ep.conversations, {}, ep.env_scores, ep.metrics)
     ids, prompts, rows, conversations = [], [], [], []
     for _ in range(calls):
         for row in (c.train_set.rows[i] for i in c.sampler.next_batch()):
@@ -106,8 +116,9 @@ def rollout_phase(c, calls: int) -> Scored:
 def score(c, s: Scored) -> Scored:
     """Step 2: reward functions / model, plus the overlong penalty; fills s.exp.scores (B,)."""
     r = c.recipe
+    env = {} if s.env_scores is None else {"env_scores": s.env_scores}   # rollout.env's own reward
     result = c.rewards(s.prompts, s.completions, reward_columns(s.rows, c.train_set.prompt_key),
-                       conversations=s.conversations)
+                       conversations=s.conversations, **env)
     scores = torch.tensor(result.scores, dtype=torch.float32)                        # (B,)
     s.raw = dict(result.raw)
     if r.reward.overlong is not None:
@@ -186,6 +197,14 @@ def sample_step(c) -> StepBatch:
     tot = global_sum([float(generated), float(no_signal), float(len(picked) if fg else 0),
                       float(len(top_up)), float(surplus)])
     m = {"rollout/zero_std_frac": tot[1] / max(tot[0], 1.0)}
+    if c.env is not None:   # every generated episode counts, kept or dropped by filter_groups
+        from .episodes import finish_metrics
+
+        sums: dict = {}
+        for s, _ in rounds:
+            for k, v in s.episode.items():
+                sums[k] = sums.get(k, 0.0) + v
+        m.update(finish_metrics(sums, global_sum))
     if fg is not None:
         m.update({"rollout/gen_calls": float(calls), "rollout/groups_generated": tot[0],
                   "rollout/groups_kept": tot[2], "rollout/groups_dropped": tot[1] - tot[3],

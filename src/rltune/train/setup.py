@@ -44,6 +44,7 @@ class Components:
     kl_ctl: "Union[FixedKLController, AdaptiveKLController]"
     correction: str = "none"                # algorithm.rollout_correction.mode, resolved: none | tis | mis
     seed: int | None = None                 # the run's seed (drawn on rank 0 when trainer.seed is null)
+    env: object = None                      # rollout.env: (environment class, Renderer); None = single-turn
 
 
 def resolve_correction(recipe: Recipe, engine_name: str) -> str:
@@ -126,7 +127,12 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = N
 
         reward_model = RewardModelScorer(recipe.reward.model, recipe.reward.max_length,
                                          recipe.trainer.precision, dist.device)
-    rewards = RewardComputer(recipe.reward, recipe_dir, reward_model, LOG, gather=gather_floats)
+    from .episodes import load_environment
+
+    env = load_environment(recipe, tokenizer, recipe_dir)     # rollout.env: episodes (docs/agents.md)
+    env_reward = env is not None and hasattr(env[0], "reward")
+    rewards = RewardComputer(recipe.reward, recipe_dir, reward_model, LOG, gather=gather_floats,
+                             env_reward=env_reward)
 
     # engines: one deepspeed.initialize per role
     _check_precision(recipe, dist)
@@ -153,7 +159,7 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = N
     kl_ctl = make_kl_controller(kl.coef, kl.target, kl.horizon)
     correction = resolve_correction(recipe, rollout.name)
     return Components(recipe, dist, tokenizer, train_set, eval_set, sampler, rewards, actor, critic,
-                      reference, rollout, kl_ctl, correction, seed)
+                      reference, rollout, kl_ctl, correction, seed, env)
 
 
 def _check_precision(recipe: Recipe, dist: DistInfo) -> None:

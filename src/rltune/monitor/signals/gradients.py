@@ -14,8 +14,10 @@ from ..base import Detector, Event, _finite, _rd, kl_key, mean, reward_falling, 
 ROLES = (("actor", "actor/grad_norm", "Actor"), ("critic", "critic/grad_norm", "Critic"))
 
 
+NO_GRADIENT = 1e-6   # a grad norm at or below this: a step without signal (all advantages zero)
+
 class GradSpike(Detector):
-    """Grad-norm spikes far above the running median (per role)."""
+    """Grad-norm spikes far above the running median of the steps that had a gradient (per role)."""
     name = "grad_spike"
 
     def initial(self):
@@ -28,10 +30,12 @@ class GradSpike(Detector):
             g = v.get(key)
             if g is None or not math.isfinite(g):
                 continue
-            hist = mon.recent(key, 4 * h.window)
-            if len(hist) < max(2, h.warmup_steps):
+            # steps with no gradient at all (every advantage zero: nothing to learn from) set no
+            # scale; against their ~0 median the first real gradient read as a 10^7x "spike"
+            hist = [x for x in mon.recent(key, 4 * h.window) if x > NO_GRADIENT]
+            if len(hist) < max(2, h.warmup_steps) or g <= NO_GRADIENT:
                 continue
-            med = max(statistics.median(hist), 1e-8)
+            med = statistics.median(hist)
             if g <= h.grad_spike_factor * med:
                 self.state["armed"][role] = True
                 continue

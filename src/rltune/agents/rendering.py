@@ -1,0 +1,80 @@
+"""How an episode becomes tokens: token-in, token-out (docs/agents.md, "Tokens").
+
+An episode is built by appending token ids, never by re-tokenising the conversation:
+
+    prompt ids   = tokenize(render(start messages, generation prompt))
+    model turn   = the ids the rollout engine sampled, exactly (their log-probs with them)
+    env turn     = tokenize(render(all messages, generation prompt)[len(text so far):])
+
+where "text so far" is the rendered start plus the decoded text of every turn appended. The env
+turn is the part of the re-rendered conversation that comes after what the model has already
+seen, tokenised on its own: the model trained on exactly the ids it sampled from. That holds only
+when rendering the longer conversation reproduces the shorter one as its prefix. A template that
+rewrites history (Qwen3 drops `<think>` blocks from past assistant turns; templates that strip
+whitespace around an assistant's content) breaks it: `env_delta` returns None, and the episode
+ends there (`episode/prefix_breaks` counts it; its tokens so far are trained as they are).
+
+Tokenizers without a chat template (the tiny test models) get a plain one: `role: content` turns,
+each ended by the EOS token, so a model turn ends where its EOS is sampled. Templates that ignore
+`tools=` get the tool schemas in a system message instead, with the `<tool_call>` format to use.
+"""
+
+from __future__ import annotations
+
+import json
+
+# a chat template for tokenizers that have none: each turn `role: content` + EOS
+PLAIN_TEMPLATE = ("{{ bos_token if bos_token else '' }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
+                  "{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+
+TOOLS_PREAMBLE = ("You can call tools. To call one, write\n<tool_call>\n{\"name\": TOOL_NAME, \"arguments\": "
+                  "{ARGUMENTS}}\n</tool_call>\nand wait for its answer. The tools, as JSON schemas:\n")
+
+
+class Renderer:
+    """The policy tokenizer's chat template, with the tools an environment offers."""
+
+    def __init__(self, tokenizer, tools: list[dict] | None = None):
+        self.tok = tokenizer
+        self.template = getattr(tokenizer, "chat_template", None) or PLAIN_TEMPLATE
+        self.plain = not getattr(tokenizer, "chat_template", None)
+        self.tools = tools or None
+        self.native_tools = bool(self.tools) and self._renders_tools()
+
+    def _renders_tools(self) -> bool:
+        probe = [{"role": "user", "content": "x"}]
+        return self._render(probe, True, self.tools) != self._render(probe, True, None)
+
+    def _render(self, messages: list[dict], generation_prompt: bool, tools) -> str:
+        return self.tok.apply_chat_template(messages, tools=tools, chat_template=self.template,
+                                            add_generation_prompt=generation_prompt, tokenize=False)
+
+    def start(self, messages: list[dict]) -> list[dict]:
+        """The episode's first messages as the model reads them: with the tools in a system
+        message where the template does not render `tools=` itself."""
+        if not self.tools or self.native_tools:
+            return list(messages)
+        text = TOOLS_PREAMBLE + "\n".join(json.dumps(t) for t in self.tools)
+        if messages and messages[0].get("role") == "system":
+            return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}] + list(messages[1:])
+        return [{"role": "system", "content": text}] + list(messages)
+
+    def text(self, messages: list[dict]) -> str:
+        """The conversation rendered up to the next assistant turn (generation prompt on)."""
+        return self._render(messages, True, self.tools if self.native_tools else None)
+
+    def ids(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def env_delta(self, seen: str, messages: list[dict]) -> tuple[list[int], str] | None:
+        """(ids, text) of the environment's turn: what rendering `messages` (the whole conversation,
+        the new environment messages last) adds after `seen` (the text the model has seen,
+        its last turn included). None where the template does not reproduce `seen` as a prefix."""
+        full = self.text(messages)
+        if not full.startswith(seen) or len(full) == len(seen):
+            return None
+        extra = full[len(seen):]
+        return self.ids(extra), extra
+
+
+__all__ = ["Renderer", "PLAIN_TEMPLATE"]

@@ -1,0 +1,213 @@
+"""Episodes (issue 27, items 2-3, 5): token-in token-out bookkeeping, checked on hand-built
+episodes (a scripted "model" whose turns are given), and on real sampled ones (rollout log-probs
+equal the actor's recomputed log-probs on every generated position of a multi-turn episode)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rltune.recipe.schema import Recipe
+
+
+def _recipe(env: str, **rollout) -> Recipe:
+    return Recipe.model_validate({
+        "model": {"policy": "builtin:tiny-llama"}, "data": {"train": "builtin:arithmetic"},
+        "reward": {"functions": ["builtin:exact_answer"]},
+        "algorithm": {"name": "grpo", "group_size": 2},
+        "rollout": {"engine": "hf", "batch_size": 2, "max_new_tokens": 64, "env": env, **rollout},
+        "train": {"batch_size": 2, "micro_batch_size": 2}})
+
+
+class Scripted:
+    """A rollout engine whose turns are scripted: turn k of every episode is `turns[k]`, encoded
+    as the tokenizer encodes it, then EOS (or no EOS where a turn ends in "…": cut)."""
+
+    name = "scripted"
+
+    def __init__(self, tok, turns: list[str]):
+        self.tok, self.turns = tok, turns
+        self.eos_ids, self.pad_id = {tok.eos_token_id}, tok.pad_token_id
+        self.calls = 0
+        self.seen: list[list[list[int]]] = []
+
+    def generate(self, prompt_ids, sampling):
+        from rltune.rollout.experience import Experience
+
+        self.seen.append([list(p) for p in prompt_ids])
+        text = self.turns[self.calls]
+        self.calls += 1
+        cut = text.endswith("…")
+        ids = self.tok(text.rstrip("…"), add_special_tokens=False)["input_ids"] + ([] if cut else [self.tok.eos_token_id])
+        B = len(prompt_ids)
+        response = torch.tensor([ids] * B)
+        return Experience(prompt_ids=torch.zeros(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.long),
+                          response_ids=response, response_mask=torch.ones(B, len(ids)),
+                          rollout_logp=-torch.arange(1, len(ids) + 1, dtype=torch.float32).repeat(B, 1) / 10)
+
+    def sleep(self):
+        pass
+
+
+def _components(recipe: Recipe, turns: list[str], tmp_path: Path | None = None):
+    from rltune.models.loading import load_tokenizer
+    from rltune.train.episodes import load_environment
+
+    tok = load_tokenizer(TOKENIZER)
+    return SimpleNamespace(recipe=recipe, tokenizer=tok, rollout=Scripted(tok, turns),
+                           env=load_environment(recipe, tok, tmp_path or Path(".")))
+
+
+ROW = {"prompt": "What is 12*3+4?", "answer": "40"}
+# a real chat tokenizer (SmolLM2's, ChatML): the tiny test model's character vocabulary has no `<`,
+# `{` or `"`, so it cannot write a tool call; the scripted engine needs no model
+TOKENIZER = "builtin:smollm2-135m-instruct"
+
+
+def test_tool_episode_is_model_tokens_plus_env_tokens_exactly():
+    from rltune.train.episodes import play
+
+    call = '<tool_call>{"name": "calc", "arguments": {"expression": "12*3+4"}}</tool_call>'
+    c = _components(_recipe("builtin:calculator"), [call, "40"])
+    ep = play(c, [ROW], "prompt", 2)
+    tok, exp = c.tokenizer, ep.exp
+    eos = tok.eos_token_id
+    model1 = tok(call, add_special_tokens=False)["input_ids"] + [eos]
+    model2 = tok("40", add_special_tokens=False)["input_ids"] + [eos]
+    for b in range(2):
+        n = int(exp.response_mask[b].sum())
+        ids, trained = exp.response_ids[b, :n].tolist(), exp.loss_mask[b, :n].tolist()
+        k = len(model1)
+        env_len = n - k - len(model2)
+        assert ids[:k] == model1 and ids[k + env_len:] == model2             # sampled ids, as sampled
+        assert trained == [1.0] * k + [0.0] * env_len + [1.0] * len(model2)
+        env_text = tok.decode(ids[k:k + env_len])
+        assert "<|im_start|>tool\n40<|im_end|>" in env_text                  # the tool's answer,
+        assert env_text.endswith("<|im_start|>assistant\n")                   # then the model's turn
+        # the second turn was generated from exactly prompt + model turn + env turn
+        assert c.rollout.seen[1][b] == exp.prompt_ids[b][exp.prompt_mask[b].bool()].tolist() + ids[:k + env_len]
+        # rollout log-probs where the model sampled, 0 on the environment's tokens
+        lp = exp.rollout_logp[b, :n]
+        assert float(lp[k:k + env_len].abs().sum()) == 0.0 and bool((lp[:k] < 0).all())
+    assert ep.completions == ["40", "40"]
+    assert ep.conversations[0][-1] == {"role": "assistant", "content": "40"}
+    assert ep.conversations[0][3] == {"role": "tool", "name": "calc", "content": "40"}
+    assert ep.metrics["episode/tool_calls"] == 2 and ep.metrics["episode/turns"] == 4
+    assert ep.metrics["episode/truncated"] == 0 and not bool(exp.truncated.any())
+    # the tools are offered in a system message (the plain template renders no `tools=`)
+    assert "calc" in tok.decode(exp.prompt_ids[0]) and "<tool_call>" in tok.decode(exp.prompt_ids[0])
+
+
+def test_episode_ends_truncated_at_max_turns_and_at_a_turn_without_eos():
+    from rltune.train.episodes import play
+
+    call = '<tool_call>{"name": "calc", "arguments": {"expression": "1+1"}}</tool_call>'
+    c = _components(_recipe("builtin:calculator", max_turns=2), [call, call])
+    ep = play(c, [ROW], "prompt", 1)
+    assert bool(ep.exp.truncated[0]) and c.rollout.calls == 2
+    # the environment's answer to the last turn is not appended: nothing after it would be trained
+    n = int(ep.exp.response_mask[0].sum())
+    assert ep.exp.loss_mask[0, n - 1] == 1.0
+    c = _components(_recipe("builtin:calculator"), ["40 and more…"])
+    ep = play(c, [ROW], "prompt", 1)
+    assert bool(ep.exp.truncated[0]) and ep.metrics["episode/turns"] == 0      # the env never saw it
+
+
+def test_a_tool_that_raises_or_an_unparseable_call_is_a_turn_not_a_crash():
+    from rltune.train.episodes import play
+
+    bad_expr = '<tool_call>{"name": "calc", "arguments": {"expression": "__import__(1)"}}</tool_call>'
+    c = _components(_recipe("builtin:calculator"), [bad_expr, "<tool_call>{oops</tool_call>", "40"])
+    ep = play(c, [ROW], "prompt", 1)
+    conv = ep.conversations[0][1:]                                   # after the system message (the tools)
+    assert conv[2]["role"] == "tool" and conv[2]["content"].startswith("error")
+    assert conv[4]["role"] == "tool" and "could not parse" in conv[4]["content"]
+    assert ep.metrics["episode/tool_errors"] == 2 and ep.completions == ["40"]
+
+
+def test_a_template_that_rewrites_history_ends_the_episode_as_a_prefix_break(tmp_path):
+    """A template that drops past assistant turns' reasoning (as Qwen3 drops <think>): rendering
+    the longer conversation no longer starts with what the model saw; no splice is made."""
+    from rltune.train.episodes import play
+
+    c = _components(_recipe("builtin:guess"), ["<think>hm</think>3", "5"])
+    c.tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {% if m['role'] == 'assistant' and not loop.last %}"
+        "{{ m['content'].split('</think>')[-1] }}{% else %}{{ m['content'] }}{% endif %}{{ eos_token }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}")
+    from rltune.agents.rendering import Renderer
+
+    c.env = (c.env[0], Renderer(c.tokenizer, None))
+    ep = play(c, [{"prompt": "guess", "target": 9, "high": 16}], "prompt", 1)
+    assert ep.metrics["episode/prefix_breaks"] == 1 and c.rollout.calls == 1
+    n = int(ep.exp.response_mask[0].sum())
+    assert ep.exp.loss_mask[0, :n].tolist() == [1.0] * n                        # its one turn, trained
+
+
+def test_env_reward_and_turns_environment(tmp_path):
+    from rltune.train.episodes import play
+
+    c = _components(_recipe("builtin:guess"), ["8", "12", "9"])
+    ep = play(c, [{"prompt": "guess", "target": 9, "high": 16}], "prompt", 1)
+    assert ep.env_scores == [pytest.approx(0.8)]                                 # found on turn 3
+    assert [m["content"] for m in ep.conversations[0] if m["role"] == "user"][1:] == ["Higher.", "Lower."]
+
+
+def test_a_user_environment_file_and_reset_errors_name_the_row(tmp_path):
+    from rltune.agents.env import EnvError
+    from rltune.train.episodes import play
+
+    (tmp_path / "myenv.py").write_text(textwrap.dedent('''
+        class Echo:
+            def reset(self, row):
+                if row.get("bad"):
+                    raise KeyError("no such thing")
+                return "Say it twice."
+            def echo(self, text: str) -> str:
+                """Repeat the text.
+
+                Args:
+                    text: what to repeat
+                """
+                return text * 2
+    '''))
+    c = _components(_recipe("myenv.py:Echo"), ["done"], tmp_path)
+    ep = play(c, [ROW], "prompt", 1)
+    assert ep.conversations[0][1]["content"].endswith("What is 12*3+4?\n\nSay it twice.")
+    with pytest.raises(EnvError, match="row .*bad"):
+        play(c, [{"prompt": "x", "bad": True}], "prompt", 1)
+
+
+@pytest.fixture(scope="module")
+def dist():
+    from rltune.engine.distributed import init_distributed
+
+    return init_distributed("cpu")
+
+
+def test_rollout_logprobs_equal_the_actors_on_every_generated_position(dist):
+    """Real sampling (hf engine, fp32, tiny model), multi-turn: the log-probs the engine reported
+    for the model's tokens are the actor's, recomputed over the whole spliced episode."""
+    from rltune.train.setup import build
+    from rltune.train.update import forward_logp
+    from rltune.train.episodes import play
+
+    r = Recipe.model_validate({
+        "model": {"policy": "builtin:tiny-llama"}, "data": {"train": "builtin:guess"},
+        "algorithm": {"name": "grpo", "group_size": 4},
+        "rollout": {"engine": "hf", "batch_size": 8, "max_new_tokens": 32, "env": "builtin:guess", "max_turns": 4},
+        "train": {"batch_size": 8, "micro_batch_size": 8}, "trainer": {"seed": 3}})
+    c = build(r, dist, Path("."))
+    torch.manual_seed(0)
+    ep = play(c, c.train_set.rows[:4], "prompt", 4)
+    exp = ep.exp
+    assert ep.metrics["episode/turns"] >= 2                      # multi-turn episodes were played
+    env_tokens = exp.response_mask - exp.loss_mask
+    assert float(env_tokens.sum()) > 0
+    lp = forward_logp(c.actor.module, exp, 1.0, 8)
+    diff = ((lp - exp.rollout_logp).abs() * exp.loss_mask).max()
+    assert float(diff) < 1e-4, float(diff)
