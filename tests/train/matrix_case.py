@@ -33,7 +33,7 @@ MICRO, PER_UPDATE, GROUP, NEW_TOKENS = 2, 8, 4, 6
 
 # the factors a case may leave out take these values (the matrix before they were factors)
 DEFAULTS = {"filter": False, "lora": "none", "ratio_level": "token", "policy_loss": "ppo",
-            "mask_truncated": False, "overlong": False, "top_p": 1.0}
+            "mask_truncated": False, "overlong": False, "top_p": 1.0, "episodes": False}
 LORA = {"d0": {"r": 8, "alpha": 16, "dropout": 0.0}, "d05": {"r": 8, "alpha": 16, "dropout": 0.05}}
 
 
@@ -54,6 +54,8 @@ def recipe_for(case: dict):
         algorithm["filter_groups"] = {"metric": "reward", "max_gen_calls": 8 * case["updates"]}
     rollout = {"engine": "hf", "batch_size": PER_UPDATE, "max_new_tokens": NEW_TOKENS, "temperature": 1.0,
                "top_p": case["top_p"], "top_k": 20 if case["top_p"] < 1 else 0}
+    if case["episodes"]:   # builtin:guess episodes (GuessingEngine plays): model and env turns alternate
+        rollout.update(env="builtin:guess", max_turns=3, max_episode_tokens=256)
     if case["mask_truncated"]:
         # a random tiny model almost never samples EOS: digits as stop strings end about half the rows early,
         # so the mask drops some rows and keeps others
@@ -76,7 +78,7 @@ def recipe_for(case: dict):
     })
 
 
-def scripted_rewards(prompts, completions, columns, conversations=None, training=True):
+def scripted_rewards(prompts, completions, columns, conversations=None, training=True, **_):
     """Seeded scores that a wrong split would scramble: prompts of even `a` score alike across their
     group (no signal: dynamic sampling drops them), the others by a hash of the completion."""
     import zlib
@@ -100,19 +102,64 @@ def global_experience(recipe, updates: int):
 
     tok = load_tokenizer("builtin:tiny-llama")
     engine = HFRollout(load_causal_lm("builtin:tiny-llama", "fp32", "eager", "cpu"), tok)
-    rows = [{"prompt": f"{a}+{a + 1}=", "answer": str(2 * a + 1)} for a in range(200)]
+    rows = [{"prompt": f"{a}+{a + 1}=", "answer": str(2 * a + 1), "target": a % 16 + 1} for a in range(200)]
+    env = None
+    if recipe.rollout.env:
+        from rltune.agents.builtin import Guess
+        from rltune.agents.rendering import Renderer
+
+        env, engine, model = (Guess, Renderer(tok, None)), GuessingEngine(tok), engine.model
     c = SimpleNamespace(recipe=recipe, tokenizer=tok, rollout=engine, rewards=scripted_rewards,
-                        train_set=SimpleNamespace(rows=rows, prompt_key="prompt"), dist=SimpleNamespace(is_main=False), env=None,
-                        sampler=PromptSampler(len(rows), recipe.prompts_per_call, 0, shuffle=False))
+                        train_set=SimpleNamespace(rows=rows, prompt_key="prompt"), dist=SimpleNamespace(is_main=False),
+                        env=env, sampler=PromptSampler(len(rows), recipe.prompts_per_call, 0, shuffle=False))
     torch.manual_seed(1234)
     drawn = sample_step(c)
     exp = drawn.batch.exp
     assert exp.size == updates * PER_UPDATE, exp.size
+    if recipe.rollout.env:   # what a real engine reports: the policy's log-probs of the guesses, at every turn
+        from rltune.train.update import forward_logp
+
+        exp.rollout_logp = forward_logp(model, exp, 1.0, MICRO)
     g = torch.Generator().manual_seed(99)
     # the rollout engine's log-probs with a mismatch, so that the correction has work to do
     noise = 0.3 * torch.randn(exp.response_mask.shape, generator=g)
-    exp.rollout_logp = (exp.rollout_logp + noise) * exp.response_mask
+    exp.rollout_logp = (exp.rollout_logp + noise) * exp.train_mask
+    if recipe.rollout.env:   # episodes: several turns each, the environment's tokens between them
+        env_tokens = exp.response_mask - exp.train_mask
+        assert float(env_tokens.sum()) > 0 and drawn.metrics["episode/turns_mean"] > 1, drawn.metrics
     return exp, drawn.metrics
+
+
+class GuessingEngine:
+    """The rollout engine of the episode cases: every turn of every episode is a few seeded random
+    tokens and EOS, so that episodes run several turns (the random tiny model itself almost never
+    samples EOS). Its log-probs are placeholders: the policy's
+    are computed over the finished episodes (`global_experience`), then given the same mismatch as
+    the sampled cases'."""
+
+    name = "guessing"
+
+    def __init__(self, tok):
+        self.tok, self.eos_ids, self.pad_id = tok, {tok.eos_token_id}, tok.pad_token_id
+        self.gen = torch.Generator().manual_seed(7)
+
+    def generate(self, prompt_ids, sampling):
+        from rltune.rollout.experience import Experience
+
+        # 1-5 random characters (a digit among them now and then: a guess) and EOS
+        turns = [torch.randint(4, 60, (int(torch.randint(1, 6, (1,), generator=self.gen)),), generator=self.gen).tolist()
+                 + [self.tok.eos_token_id] for _ in prompt_ids]
+        T = max(len(t) for t in turns)
+        ids = torch.full((len(turns), T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(len(turns), T)
+        for i, t in enumerate(turns):
+            ids[i, :len(t)], mask[i, :len(t)] = torch.tensor(t), 1.0
+        return Experience(prompt_ids=torch.zeros(len(turns), 1, dtype=torch.long),
+                          prompt_mask=torch.ones(len(turns), 1, dtype=torch.long), response_ids=ids,
+                          response_mask=mask, rollout_logp=-0.5 * mask)
+
+    def sleep(self):
+        pass
 
 
 def rank_rows(total: int, updates: int, rank: int, world: int) -> torch.Tensor:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from matrix_case import DEFAULTS as DEFAULT_FACTORS
 from trainlib import ROOT, cli_env
 
 FACTORS = {
@@ -72,11 +73,28 @@ CASES = pairwise_cases()
 DEFAULT_CASES = {0, 1, 2, 3, 7, 12}
 
 
+# episodes (rollout.env, docs/agents.md) enter the matrix as cases of their own: the same assertions on
+# experience whose responses alternate the model's turns with the environment's (attended, never
+# trained); every algorithm, both rank counts, ZeRO 0-3, fp32 and bf16, LoRA, several updates
+EPISODE_CASES = [
+    {"algo": "grpo", "kl_mode": "loss", "estimator": "k3", "agg": "token-mean", "correction": "tis",
+     "precision": "fp32", "zero": 1, "ranks": 2, "epochs": 1, "updates": 2, "episodes": True},
+    {"algo": "ppo", "kl_mode": "reward", "estimator": "k1", "agg": "seq-mean-token-mean", "correction": "mis",
+     "precision": "fp32", "zero": 0, "ranks": 1, "epochs": 2, "updates": 1, "lora": "d0", "episodes": True},
+    {"algo": "rloo", "kl_mode": "reward", "estimator": "k2", "agg": "seq-mean-token-sum-norm", "correction": "none",
+     "precision": "bf16", "zero": 3, "ranks": 2, "epochs": 1, "updates": 1, "episodes": True},
+    {"algo": "reinforce_pp", "kl_mode": "loss", "estimator": "abs", "agg": "token-sum", "correction": "tis",
+     "precision": "bf16", "zero": 2, "ranks": 1, "epochs": 2, "updates": 2, "overlong": True, "episodes": True},
+]
+DEFAULT_EPISODE_CASES = {0, 1}
+
+
 def case_id(c: dict) -> str:
     extra = "".join([("-filter" if c["filter"] else ""), ("" if c["lora"] == "none" else f"-lora{c['lora']}"),
                      ("" if c["ratio_level"] == "token" else f"-{c['ratio_level']}"),
                      ("-cispo" if c["policy_loss"] == "cispo" else ""), ("-masktrunc" if c["mask_truncated"] else ""),
-                     ("-overlong" if c["overlong"] else ""), ("" if c["top_p"] == 1.0 else f"-topp{c['top_p']}")])
+                     ("-overlong" if c["overlong"] else ""), ("" if c["top_p"] == 1.0 else f"-topp{c['top_p']}"),
+                     ("-episodes" if c.get("episodes") else "")])
     return (f"{c['algo']}-{c['kl_mode']}-{c['estimator']}-{c['agg']}-{c['correction']}-{c['precision']}"
             f"-z{c['zero']}-r{c['ranks']}-e{c['epochs']}-u{c['updates']}{extra}")
 
@@ -113,11 +131,13 @@ def test_the_case_list_covers_every_pair():
     assert len(CASES) <= 30
 
 
-@pytest.mark.parametrize("index", [pytest.param(i, id=f"{i:02d}-{case_id(c)}",
-                                                marks=() if i in DEFAULT_CASES else pytest.mark.slow)
-                                   for i, c in enumerate(CASES)])
-def test_matrix_case(index, tmp_path):
-    case = CASES[index]
+@pytest.mark.parametrize("case", [pytest.param(c, id=f"{i:02d}-{case_id(c)}",
+                                               marks=() if i in DEFAULT_CASES else pytest.mark.slow)
+                                  for i, c in enumerate(CASES)] +
+                         [pytest.param(c, id=f"episodes-{i}-{case_id({**DEFAULT_FACTORS, **c})}",
+                                       marks=() if i in DEFAULT_EPISODE_CASES else pytest.mark.slow)
+                          for i, c in enumerate(EPISODE_CASES)])
+def test_matrix_case(case, tmp_path):
     fp32 = case["precision"] == "fp32"
     res = _run(case, case["ranks"], tmp_path / "run")
     assert res["finite"] and res["skipped"] == 0
