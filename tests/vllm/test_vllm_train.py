@@ -99,3 +99,18 @@ def test_lora_run_with_vllm_keeps_the_engine_on_the_adapter(tmp_path, sync):
     assert all(m["timing/sync_ms"] > 0 for m in metrics if m["step"] != 2)
     final = tmp_path / "run" / "final"
     assert (final / "adapter_model.safetensors").exists() and not (final / "model.safetensors").exists()
+
+
+def test_episodes_with_vllm_stay_in_sync(tmp_path):
+    """rollout.env with the vLLM engine (recipes/tiny-guess.yaml): each turn's prompt is the whole
+    episode so far (max_model_len covers prompt + max_episode_tokens + a turn), and the log-probs
+    vLLM reports for the model's tokens are the actor's (the environment's are never compared)."""
+    path = tiny_recipe(tmp_path, "tiny-guess.yaml", rollout__engine="vllm", trainer__max_steps=4,
+                       trainer__eval_every=0)
+    res = run_cli("train", path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "rollout engine vllm" in res.stderr
+    metrics = read_metrics(tmp_path / "run")
+    assert sum(m["episode/turns_mean"] for m in metrics) > 0          # the environment answered turns
+    assert any(m["episode/env_token_frac"] > 0 for m in metrics)
+    assert max(m["rollout/logprob_diff_mean"] for m in metrics) < 0.02, metrics

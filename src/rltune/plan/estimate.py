@@ -224,12 +224,12 @@ def estimate(recipe, hw: Hardware) -> "Plan":
     prec = recipe.trainer.precision
     b = B.DTYPE_BYTES[prec]
     lora = recipe.model.lora
-    P, T = recipe.data.max_prompt_length, recipe.rollout.max_new_tokens
+    P, T = recipe.data.max_prompt_length, recipe.response_tokens    # T: episodes, every turn (rollout.env)
     seq = max_sequence_length(recipe)
     micro = recipe.train.micro_batch_size
     attn = attention_impl(recipe, cpu)
     items: list = []
-    notes: list = [f"sequences assumed at their longest: data.max_prompt_length {P} + rollout.max_new_tokens {T} "
+    notes: list = [f"sequences assumed at their longest: data.max_prompt_length {P} + {recipe.response_label} "
                    f"= {seq} tokens (shorter prompts and responses need less)"]
 
     def add(name, nbytes, phases, note="", group=""):
@@ -351,7 +351,7 @@ def _critic_items(recipe, world: int, cpu: bool, attn: str, add, notes) -> None:
         return
     c, lora, prec = recipe.critic, recipe.model.lora, recipe.trainer.precision
     b = B.DTYPE_BYTES[prec]
-    micro, seq = recipe.train.micro_batch_size, recipe.data.max_prompt_length + recipe.rollout.max_new_tokens
+    micro, seq = recipe.train.micro_batch_size, recipe.data.max_prompt_length + recipe.response_tokens
     head = carch.hidden + 1
     total = trainable = carch.params(lm_head=False) + head
     if lora is not None:
@@ -377,7 +377,7 @@ def _reward_items(recipe, attn: str, add, notes) -> None:
     if rarch is None:
         return
     b = B.DTYPE_BYTES[recipe.trainer.precision]
-    seq = min(recipe.data.max_prompt_length + recipe.rollout.max_new_tokens, recipe.reward.max_length)
+    seq = min(recipe.data.max_prompt_length + recipe.response_tokens, recipe.reward.max_length)
     rp = rarch.params(lm_head=False) + rarch.hidden
     add("reward model weights", rp * b, ALL, f"{rp / 1e6:,.1f}M x {b} B")
     add("reward pass", B.forward_working(rarch, recipe.train.micro_batch_size, seq, b, attn), ("experience",),

@@ -119,7 +119,7 @@ def _fitting_util(recipe, plan, hw) -> Optional[float]:
     rest = plan.phases["rollout"] - vllm_share
     new = int(100 * (mem - rest - GiB // 4) / mem) / 100      # a quarter GiB of slack
     need = sum(i.bytes for i in plan.items if i.name in ("vLLM weights", "vLLM working reserve"))
-    need += (plan.kv.get("per_token_bytes") or 0) * (recipe.data.max_prompt_length + recipe.rollout.max_new_tokens) * \
+    need += (plan.kv.get("per_token_bytes") or 0) * (recipe.data.max_prompt_length + recipe.response_tokens) * \
         max(1, recipe.rollout.batch_size // plan.world)
     if new >= util or new <= 0 or new * mem < need:
         return None

@@ -409,11 +409,11 @@ def device_mesh(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 def reward_length(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     if r.reward.model is None:
         return
-    need = r.data.max_prompt_length + r.rollout.max_new_tokens
+    need = r.data.max_prompt_length + r.response_tokens
     if r.reward.max_length < need:
         yield Hit("reward.max_length",
                   f"reward.max_length {r.reward.max_length} < data.max_prompt_length {r.data.max_prompt_length} + "
-                  f"rollout.max_new_tokens {r.rollout.max_new_tokens} = {need}: {RULES['reward-length'].why}",
+                  f"{r.response_label} = {need}: {RULES['reward-length'].why}",
                   f"set reward.max_length: {need} (or lower rollout.max_new_tokens)")
 
 
@@ -421,11 +421,11 @@ def reward_length(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
       "the generation engine refuses or truncates sequences longer than its context")
 def max_model_len(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     m = r.rollout.max_model_len
-    need = r.data.max_prompt_length + r.rollout.max_new_tokens
+    need = r.data.max_prompt_length + r.response_tokens
     if m is not None and m < need:
         yield Hit("rollout.max_model_len",
-                  f"rollout.max_model_len {m} < data.max_prompt_length {r.data.max_prompt_length} + rollout.max_new_tokens "
-                  f"{r.rollout.max_new_tokens} = {need}: {RULES['max-model-len'].why}",
+                  f"rollout.max_model_len {m} < data.max_prompt_length {r.data.max_prompt_length} + "
+                  f"{r.response_label} = {need}: {RULES['max-model-len'].why}",
                   f"set rollout.max_model_len: {need} (or remove it: the default is exactly that)")
 
 

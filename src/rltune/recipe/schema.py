@@ -318,6 +318,22 @@ class Recipe(Section):
         return self.algorithm.group_size
 
     @property
+    def response_tokens(self) -> int:
+        """Tokens after the prompt one sample may hold: rollout.max_new_tokens; for episodes
+        (rollout.env) max_episode_tokens (every turn, the environment's too) plus one turn's
+        max_new_tokens (the last turn is sampled with the episode's whole context in front of it)."""
+        ro = self.rollout
+        return ro.max_episode_tokens + ro.max_new_tokens if ro.env else ro.max_new_tokens
+
+    @property
+    def response_label(self) -> str:
+        """The keys behind `response_tokens`, with their values (for messages)."""
+        ro = self.rollout
+        if ro.env:
+            return f"rollout.max_episode_tokens {ro.max_episode_tokens} + rollout.max_new_tokens {ro.max_new_tokens}"
+        return f"rollout.max_new_tokens {ro.max_new_tokens}"
+
+    @property
     def gen_calls_per_step(self) -> int:
         return max(1, self.train.updates_per_step * self.train.batch_size // self.rollout.batch_size)
 

@@ -99,7 +99,8 @@ def pick_engine(recipe_engine: str, device: str, model_dir: str | None = None,
 
 
 def max_sequence_length(recipe) -> int:
-    return int(recipe.data.max_prompt_length) + int(recipe.rollout.max_new_tokens)
+    """Prompt + response, at their longest (episodes: Recipe.response_tokens)."""
+    return int(recipe.data.max_prompt_length) + int(recipe.response_tokens)
 
 
 def sequences_per_generate_call(recipe) -> int:

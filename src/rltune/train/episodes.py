@@ -180,6 +180,7 @@ def _metrics(episodes: list[Episode]) -> dict:
             "episode/turns": float(sum(x.turns for x in s)),
             "episode/tool_calls": float(sum(x.tool_calls for x in s)),
             "episode/tool_errors": float(sum(x.tool_errors + x.parse_errors for x in s)),
+            "episode/parse_errors": float(sum(x.parse_errors for x in s)),
             "episode/timeouts": float(sum(x.timeouts for x in s)),
             "episode/env_time_s": float(sum(x.env_time_s for x in s)),
             "episode/truncated": float(sum(e.truncated for e in episodes)),
@@ -196,6 +197,9 @@ def finish_metrics(sums: dict, global_sum) -> dict:
     return {"episode/turns_mean": totals["episode/turns"] / n,
             "episode/tool_calls_mean": totals["episode/tool_calls"] / n,
             "episode/tool_errors": totals["episode/tool_errors"],
+            # failed calls among the calls made (an unparseable call counts as one made)
+            "episode/tool_error_frac": totals["episode/tool_errors"] / max(
+                totals["episode/tool_calls"] + totals["episode/parse_errors"], 1.0),
             "episode/timeouts": totals["episode/timeouts"],
             "episode/env_time_s": totals["episode/env_time_s"],
             "episode/truncated": totals["episode/truncated"] / n,
