@@ -136,6 +136,29 @@ def test_resume_with_changed_recipe_is_refused(uninterrupted, tmp_path):
     assert [m["step"] for m in read_metrics(d / "run")] == list(range(1, STEPS + 2))
 
 
+def _killed_and_resumed(recipe) -> list[dict]:
+    """Runs recipe("full") to its end, and recipe("killed") SIGKILLed after step 3 then resumed with
+    --resume auto; asserts both logged the same metrics (wall-clock figures apart), returns them."""
+    full = recipe("full")
+    res = run_cli("train", full)
+    assert res.returncode == 0, res.stderr[-4000:]
+    path = recipe("killed")
+    run_dir = path.parent / "run"
+    proc = _start(path)
+    _wait_for_steps(run_dir, 3, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    res = run_cli("train", path, "--resume", "auto")
+    assert res.returncode == 0 and "resumed from" in res.stderr, res.stderr[-4000:]
+    got, want = _comparable(read_metrics(run_dir)), _comparable(read_metrics(full.parent / "run"))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for k in g:
+            assert g[k] == pytest.approx(w[k], rel=1e-5, abs=1e-7), (path, g["step"], k, g[k], w[k])
+    return got
+
+
 @pytest.mark.parametrize("algo,extra", [
     ("grpo", {"train__updates_per_step": 2, "reward__normalize": True}),
     pytest.param("rloo", {"algorithm__kl": {"coef": 0.02, "mode": "loss", "estimator": "k3"}}, marks=pytest.mark.slow),
@@ -151,24 +174,8 @@ def test_sigkill_then_resume_matches_uninterrupted_for_every_algorithm(tmp_path,
                            trainer__keep_checkpoints=3, trainer__seed=3, trainer__eval_every=0,
                            train__batch_size=32, train__micro_batch_size=16, **extra)
 
-    full = recipe("full")
-    res = run_cli("train", full)
-    assert res.returncode == 0, res.stderr[-4000:]
-    path = recipe("killed")
-    run_dir = tmp_path / "killed" / "run"
-    proc = _start(path)
-    _wait_for_steps(run_dir, 3, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    res = run_cli("train", path, "--resume", "auto")
-    assert res.returncode == 0, res.stderr[-4000:]
-    assert "resumed from" in res.stderr
-    got, want = _comparable(read_metrics(run_dir)), _comparable(read_metrics(tmp_path / "full" / "run"))
+    got = _killed_and_resumed(recipe)
     assert [m["step"] for m in got] == [1, 2, 3, 4]
-    for g, w in zip(got, want):
-        assert g.keys() == w.keys()
-        for k in g:
-            assert g[k] == pytest.approx(w[k], rel=1e-5, abs=1e-7), (algo, g["step"], k, g[k], w[k])
 
 
 def test_sigkill_then_resume_matches_uninterrupted_with_episodes(tmp_path):
@@ -180,23 +187,8 @@ def test_sigkill_then_resume_matches_uninterrupted_with_episodes(tmp_path):
         return tiny_recipe(d, "tiny-guess.yaml", trainer__max_steps=4, trainer__save_every=2, trainer__keep_checkpoints=3,
                            trainer__seed=3, trainer__eval_every=0)
 
-    full = recipe("full")
-    res = run_cli("train", full)
-    assert res.returncode == 0, res.stderr[-4000:]
-    path = recipe("killed")
-    run_dir = tmp_path / "killed" / "run"
-    proc = _start(path)
-    _wait_for_steps(run_dir, 3, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    res = run_cli("train", path, "--resume", "auto")
-    assert res.returncode == 0 and "resumed from" in res.stderr, res.stderr[-4000:]
-    got, want = _comparable(read_metrics(run_dir)), _comparable(read_metrics(tmp_path / "full" / "run"))
+    got = _killed_and_resumed(recipe)
     assert [m["step"] for m in got] == [1, 2, 3, 4] and "episode/turns_mean" in got[-1]
-    for g, w in zip(got, want):
-        assert g.keys() == w.keys()
-        for k in g:
-            assert g[k] == pytest.approx(w[k], rel=1e-5, abs=1e-7), (g["step"], k, g[k], w[k])
 
 
 def test_seed_null_is_kept_across_resume(tmp_path):
