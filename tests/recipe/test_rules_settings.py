@@ -30,6 +30,8 @@ CASES = [
      ["logging.mlflow_tracking_uri=http://h:5000", "logging.mlflow=true"]),
     ("setting-without-effect", MINIMAL, ["data.train=prompts.jsonl", "trainer.eval_every=5"], "error",
      "set data.eval: PATH", ["data.train=prompts.jsonl", "trainer.eval_every=5", "data.eval=held-out.jsonl"]),
+    ("setting-without-effect", MINIMAL, ["rollout.env_isolate=true"], "error", "remove rollout.env_isolate",
+     ["rollout.env_isolate=true", "rollout.env=builtin:calculator"]),
     ("mask-truncated-short", MINIMAL, ["rollout.mask_truncated=true", "rollout.max_new_tokens=6"], "warning",
      "raise rollout.max_new_tokens (to at least 64)", ["rollout.mask_truncated=true", "rollout.max_new_tokens=256"]),
 ]

@@ -43,7 +43,7 @@ def rollback_no_target(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 @rule("setting-without-effect", "error",
       "trainer.save_merged without model.lora; reward.timeout other than its default without reward.isolate; "
       "rollout.lora_sync adapter without model.lora; logging.mlflow_tracking_uri without logging.mlflow; "
-      "trainer.eval_every on file data without data.eval",
+      "trainer.eval_every on file data without data.eval; rollout.env_isolate without rollout.env",
       "the setting only acts together with another one that is off, so it would be silently ignored")
 def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     why = RULES["setting-without-effect"].why
@@ -60,6 +60,9 @@ def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     if lg.mlflow_tracking_uri and not lg.mlflow:
         yield Hit("logging.mlflow_tracking_uri", f"logging.mlflow_tracking_uri set without logging.mlflow: {why}",
                   "set logging.mlflow: true, or remove logging.mlflow_tracking_uri")
+    if r.rollout.env_isolate and not r.rollout.env:
+        yield Hit("rollout.env_isolate", f"rollout.env_isolate true without rollout.env: {why}",
+                  "remove rollout.env_isolate, or set rollout.env (docs/agents.md)")
     d = r.data
     if r.trainer.eval_every > 0 and d.eval is None and not d.train.startswith("builtin:"):
         yield Hit("trainer.eval_every", f"trainer.eval_every {r.trainer.eval_every} without data.eval: {why} (held-out "

@@ -70,6 +70,11 @@ def load_environment(recipe, tokenizer, recipe_dir: Path):
     from ..agents.rendering import Renderer
     from ..agents.tools import tool_schemas
 
+    if recipe.rollout.env_isolate:   # the environment's module is imported in the worker only
+        from ..agents.isolate import EnvPool
+
+        pool = EnvPool(recipe.rollout.env, Path(recipe_dir), recipe.rollout.tool_timeout_s)
+        return pool, Renderer(tokenizer, pool.tools if pool.kind == "tools" else None)
     cls = load_env_class(recipe.rollout.env, Path(recipe_dir))
     return cls, Renderer(tokenizer, tool_schemas(cls) if kind_of(cls) == "tools" else None)
 
@@ -77,6 +82,7 @@ def load_environment(recipe, tokenizer, recipe_dir: Path):
 def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> Played:
     """`n` episodes of every row, to their end; see the module docstring for the turns."""
     from ..agents.env import Session, gives_reward
+    from ..agents.isolate import EnvPool
 
     r, tok = c.recipe, c.tokenizer
     ro = r.rollout
@@ -85,7 +91,7 @@ def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> 
     episodes: list[Episode] = []
     for row in rows:
         for _ in range(n):
-            session = Session(cls, ro.tool_timeout_s)
+            session = cls.session() if isinstance(cls, EnvPool) else Session(cls, ro.tool_timeout_s)
             messages = render.start(session.start(row, prompt_messages(row, prompt_key, r.data)))
             text = render.text(messages)
             ids = render.ids(text)[-r.data.max_prompt_length:]
@@ -99,7 +105,12 @@ def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> 
         for i, e in enumerate(active):
             _take_turn(e, out, i, eos, tok, render, ro, last_turn=_turn == ro.max_turns - 1)
     c.rollout.sleep()
-    scores = [e.session.reward(e.messages) for e in episodes] if gives_reward(cls) else None
+    pool = cls if isinstance(cls, EnvPool) else None
+    scores = [e.session.reward(e.messages) for e in episodes] if (
+        pool.gives_reward if pool is not None else gives_reward(cls)) else None
+    for e in episodes:
+        if hasattr(e.session, "close"):
+            e.session.close()
     return Played(_experience(episodes, c.rollout.pad_id), [e.prompt for e in episodes],
                   [e.last_text if e.answered else "" for e in episodes], [e.row for e in episodes],
                   [e.messages for e in episodes],
@@ -185,6 +196,7 @@ def _metrics(episodes: list[Episode]) -> dict:
             "episode/env_time_s": float(sum(x.env_time_s for x in s)),
             "episode/truncated": float(sum(e.truncated for e in episodes)),
             "episode/prefix_breaks": float(sum(e.prefix_break for e in episodes)),
+            "episode/env_crashes": float(sum(getattr(x, "crashed", False) for x in s)),
             "episode/model_tokens": float(sum(sum(e.trained) for e in episodes)),
             "episode/env_tokens": float(sum(len(e.trained) - sum(e.trained) for e in episodes))}
 
@@ -204,6 +216,7 @@ def finish_metrics(sums: dict, global_sum) -> dict:
             "episode/env_time_s": totals["episode/env_time_s"],
             "episode/truncated": totals["episode/truncated"] / n,
             "episode/prefix_breaks": totals["episode/prefix_breaks"],
+            "episode/env_crashes": totals["episode/env_crashes"],
             "episode/env_token_frac": totals["episode/env_tokens"] / max(
                 totals["episode/env_tokens"] + totals["episode/model_tokens"], 1.0)}
 

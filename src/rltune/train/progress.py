@@ -47,6 +47,8 @@ def reward_weights(recipe) -> dict:
     out = dict(zip(rw.functions, weights))
     if rw.model:
         out["model"] = 1.0
+    if recipe.rollout.env:   # an environment's own reward(), where it defines one (source `env`)
+        out["env"] = 1.0
     return out
 
 
