@@ -32,6 +32,9 @@ CASES = [
      "set data.eval: PATH", ["data.train=prompts.jsonl", "trainer.eval_every=5", "data.eval=held-out.jsonl"]),
     ("setting-without-effect", MINIMAL, ["rollout.env_isolate=true"], "error", "remove rollout.env_isolate",
      ["rollout.env_isolate=true", "rollout.env=builtin:calculator"]),
+    ("mask-truncated-episodes", MINIMAL, ["rollout.mask_truncated=true", "rollout.env=builtin:calculator",
+                                          "rollout.max_new_tokens=256"], "warning", "set rollout.mask_truncated: false",
+     ["rollout.env=builtin:calculator", "rollout.max_new_tokens=256"]),
     ("mask-truncated-short", MINIMAL, ["rollout.mask_truncated=true", "rollout.max_new_tokens=6"], "warning",
      "raise rollout.max_new_tokens (to at least 64)", ["rollout.mask_truncated=true", "rollout.max_new_tokens=256"]),
 ]

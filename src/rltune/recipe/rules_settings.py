@@ -86,3 +86,17 @@ def mask_truncated_short(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
                   f"{RULES['mask-truncated-short'].why}",
                   f"raise rollout.max_new_tokens (to at least {MASK_TRUNCATED_MIN_TOKENS}), or use reward.overlong "
                   "instead of rollout.mask_truncated")
+
+
+@rule("mask-truncated-episodes", "warning", "rollout.mask_truncated with rollout.env",
+      "an episode the environment has not ended after rollout.max_turns turns is truncated, and masked out of the "
+      "loss with the rest; while the policy cannot yet finish its episodes (the start of most runs), every episode "
+      "is, and nothing trains")
+def mask_truncated_episodes(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    ro = r.rollout
+    if ro.mask_truncated and ro.env:
+        yield Hit("rollout.mask_truncated",
+                  f"rollout.mask_truncated with rollout.env {ro.env} (rollout.max_turns {ro.max_turns}): "
+                  f"{RULES['mask-truncated-episodes'].why}",
+                  "set rollout.mask_truncated: false (truncated episodes still count in their group's baseline; "
+                  "episode/truncated reports them), or raise rollout.max_turns")
