@@ -37,7 +37,6 @@ class Renderer:
     def __init__(self, tokenizer, tools: list[dict] | None = None):
         self.tok = tokenizer
         self.template = getattr(tokenizer, "chat_template", None) or PLAIN_TEMPLATE
-        self.plain = not getattr(tokenizer, "chat_template", None)
         self.tools = tools or None
         self.native_tools = bool(self.tools) and self._renders_tools()
 

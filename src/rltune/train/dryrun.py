@@ -129,8 +129,10 @@ def runtime_rss(recipe: Recipe) -> int | None:
 
 
 def _vm_rss() -> int | None:
-    found = re.search(r"^VmRSS:\s+(\d+)\s+kB", Path("/proc/self/status").read_text(), re.M) \
-        if Path("/proc/self/status").exists() else None
+    try:
+        found = re.search(r"^VmRSS:\s+(\d+)\s+kB", Path("/proc/self/status").read_text(), re.M)
+    except OSError:   # not Linux
+        return None
     return int(found.group(1)) * 1024 if found else None
 
 
@@ -292,7 +294,7 @@ def _dry_run(recipe: Recipe, recipe_path: Path, fmt: str, quiet: bool, dist) -> 
                        "what": WHAT[p] if p != "setup" else f"{WHAT[p]}: {', '.join(_roles(c))}"} for p in PHASES},
         "plan_error": why,
         "plan_leaves_out": (["vLLM's engine on CPU beyond its import (its workers and start-up allocations: "
-                             "docs/plan.md)"] if c.rollout.name == "vllm" and report_cpu(dist) else []),
+                             "docs/plan.md)"] if c.rollout.name == "vllm" and not dist.device.startswith("cuda") else []),
         "step": {k: (m[k] if math.isfinite(m[k]) else None)
                  for k in ("reward/mean", "kl", "actor/loss", "response/length_mean", "timing/sync_ms") if k in m},
         "written": [],
@@ -302,10 +304,6 @@ def _dry_run(recipe: Recipe, recipe_path: Path, fmt: str, quiet: bool, dist) -> 
     else:
         print(format_report(report, recipe.trainer.output_dir))
     return 0
-
-
-def report_cpu(dist) -> bool:
-    return not dist.device.startswith("cuda")
 
 
 def _roles(c) -> list[str]:
