@@ -132,14 +132,17 @@ def test_calculator_rows_are_deterministic_and_correct():
     assert rows == calculator_rows(20, seed=3)
     assert rows != calculator_rows(20, seed=4)
     for row in rows:
-        assert row["prompt"].startswith("What is ")
-        assert row["prompt"].endswith("? Use the calc tool, then answer with just the number.")
-        expression = row["prompt"][len("What is "):row["prompt"].index("?")]
+        demo, question = row["prompt"][:-1], row["prompt"][-1]["content"]
+        assert [m["role"] for m in demo] == ["user", "assistant", "tool", "assistant"]
+        assert demo[2]["content"] == demo[3]["content"] == Calculator().calc("512*37+64")  # a true example
+        assert question.startswith("What is ")
+        assert question.endswith("? Use the calc tool, then answer with just the number.")
+        expression = question[len("What is "):question.index("?")]
         assert row["answer"] == str(int(safe_eval(expression)))
         assert any(len(tok) == 3 for tok in expression.replace("(", " ").replace(")", " ").replace("*", " ")
                    .replace("+", " ").replace("-", " ").split())
     wide = calculator_rows(5, seed=1, digits=5)
-    assert all(any(len(t) == 5 for t in r["prompt"].replace("*", " ").replace("+", " ").replace("-", " ")
+    assert all(any(len(t) == 5 for t in r["prompt"][-1]["content"].replace("*", " ").replace("+", " ").replace("-", " ")
                    .replace("(", " ").replace(")", " ").split()) for r in wide)
     with pytest.raises(ValueError):
         calculator_rows(1, seed=0, digits=0)

@@ -230,6 +230,28 @@ def test_call_returns_text_of_the_result():
     assert call_tool(box, ToolCall("weird", {}), 5) == (str({1, 2}), None)
 
 
+@pytest.mark.parametrize("args, seen", [
+    ({"query": 12, "limit": "3", "exact": "true"}, "12:3:True"),       # lossless: converted
+    ({"query": "q", "limit": 4.0}, "q:4:False"),
+    ({"query": "q", "limit": 2, "exact": False}, "q:2:False"),          # already right: as they are
+])
+def test_scalar_arguments_get_their_hinted_type_where_nothing_is_lost(args, seen):
+    assert call_tool(Box(), ToolCall("search", args), 5) == (seen, None)
+    text, err = call_tool(Box(), ToolCall("scale", {"factor": 3, "ids": [1]}), 5)
+    assert err is None and json.loads(text)["factor"] == 3.0 and "3.0" in text
+
+
+@pytest.mark.parametrize("args, why", [
+    ({"query": "q", "limit": "3.5"}, "limit must be integer, got \"3.5\""),
+    ({"query": "q", "limit": True}, "limit must be integer, got true"),
+    ({"query": "q", "exact": "maybe"}, "exact must be boolean"),
+    ({"query": ["a"]}, "query must be string"),
+])
+def test_scalar_arguments_that_cannot_have_their_type_are_an_arguments_error(args, why):
+    text, err = call_tool(Box(), ToolCall("search", args), 5)
+    assert err == "arguments" and text.startswith("error: bad arguments for search(") and why in text
+
+
 def test_call_cuts_huge_results():
     text, err = call_tool(Box(), ToolCall("huge", {}), 5)
     assert err is None

@@ -5,6 +5,7 @@ number found) rises from zero."""
 
 from __future__ import annotations
 
+import json
 import statistics
 
 from trainlib import ROOT, read_metrics, run_inproc
@@ -13,7 +14,7 @@ from trainlib import ROOT, read_metrics, run_inproc
 def test_tiny_guess_learns_to_play(capfd, tmp_path):
     run = tmp_path / "run"
     res = run_inproc(capfd, "train", str(ROOT / "recipes" / "tiny-guess.yaml"), f"trainer.output_dir={run}",
-                     "--resume", "never")
+                     "trainer.eval_every=30", "--resume", "never")
     assert res.returncode == 0, res.stderr[-3000:]
     m = read_metrics(run)
     assert len(m) == 30
@@ -25,3 +26,6 @@ def test_tiny_guess_learns_to_play(capfd, tmp_path):
     assert all(x["episode/prefix_breaks"] == 0 for x in m)
     assert 0 < m[-1]["episode/env_token_frac"] < 1
     assert "grad_spike" not in res.stderr                     # zero-gradient steps set no scale
+    ev = json.loads((run / "eval.json").read_text())          # greedy episodes before and after
+    assert set(ev["before_episode"]) == set(ev["after_episode"]) == {"turns_mean", "tool_calls_mean"}
+    assert ev["after_episode"]["tool_calls_mean"] == 0        # a turns environment has no tools

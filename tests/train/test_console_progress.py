@@ -59,6 +59,16 @@ def test_eval_lines_break_the_reward_into_parts():
                                "eval/reward/builtin:format": 1.0}
 
 
+def test_eval_lines_of_episodes_say_turns_and_tool_calls():
+    before = EvalScore(0.2, {}, 8, {"turns_mean": 1.0, "tool_calls_mean": 0.25})
+    after = EvalScore(0.6, {}, 8, {"turns_mean": 2.5, "tool_calls_mean": 1.5})
+    assert eval_line("before training", before, {}) == \
+        "eval before training: reward 0.200 on 8 held-out prompts; per episode 1.00 turns, 0.25 tool calls"
+    assert final_eval_lines(before, after, {})[1:] == ["  tool calls per episode: before 0.25 -> after 1.50",
+                                                      "  turns per episode: before 1.00 -> after 2.50"]
+    assert after.metrics() == {"eval/reward": 0.6, "eval/episode/turns_mean": 2.5, "eval/episode/tool_calls_mean": 1.5}
+
+
 def test_health_line_carries_rule_id_and_fix(caplog):
     from rltune.monitor.detectors import HealthMonitor
 

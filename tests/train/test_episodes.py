@@ -129,23 +129,54 @@ def test_a_tool_that_raises_or_an_unparseable_call_is_a_turn_not_a_crash():
     assert ep.metrics["episode/tool_errors"] == 2 and ep.completions == ["40"]
 
 
-def test_a_template_that_rewrites_history_ends_the_episode_as_a_prefix_break(tmp_path):
+def test_a_template_that_rewrites_history_restarts_the_sample_from_the_re_rendered_prompt(tmp_path):
     """A template that drops past assistant turns' reasoning (as Qwen3 drops <think>): rendering
-    the longer conversation no longer starts with what the model saw; no splice is made."""
+    the longer conversation no longer starts with what the model saw, so no splice is made. The
+    episode goes on as a new sample whose prompt is the conversation as the template renders it
+    now: the next turn is sampled from exactly those ids, and only its tokens are trained."""
+    from rltune.agents.rendering import Renderer
     from rltune.train.episodes import play
 
-    c = _components(_recipe("builtin:guess"), ["<think>hm</think>3", "5"])
+    c = _components(_recipe("builtin:guess", max_turns=3), ["<think>hm</think>3", "<think>ok</think>9"])
     c.tokenizer.chat_template = (
         "{% for m in messages %}{{ m['role'] }}: {% if m['role'] == 'assistant' and not loop.last %}"
         "{{ m['content'].split('</think>')[-1] }}{% else %}{{ m['content'] }}{% endif %}{{ eos_token }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant: {% endif %}")
-    from rltune.agents.rendering import Renderer
-
     c.env = (c.env[0], Renderer(c.tokenizer, None))
     ep = play(c, [{"prompt": "guess", "target": 9, "high": 16}], "prompt", 1)
-    assert ep.metrics["episode/prefix_breaks"] == 1 and c.rollout.calls == 1
-    n = int(ep.exp.response_mask[0].sum())
-    assert ep.exp.loss_mask[0, :n].tolist() == [1.0] * n                        # its one turn, trained
+    tok, exp = c.tokenizer, ep.exp
+    assert c.rollout.calls == 2 and ep.env_scores == [pytest.approx(0.9)]      # found on turn 2: went on
+    turn1 = tok("<think>hm</think>3", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    turn2 = tok("<think>ok</think>9", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert ep.metrics["episode/prefix_breaks"] == 1 and ep.metrics["episode/untrained_tokens"] == len(turn1)
+    # the row's prompt: the re-rendered conversation (turn 1 without its reasoning, the hint)
+    prompt = exp.prompt_ids[0][exp.prompt_mask[0].bool()].tolist()
+    text = tok.decode(prompt)
+    assert "assistant: 3" in text and "<think>hm" not in text and text.endswith("user: Higher.<|im_end|>\nassistant: ")
+    assert c.rollout.seen[1] == [prompt]                                         # what turn 2 was sampled from
+    n = int(exp.response_mask[0].sum())
+    assert exp.response_ids[0, :n].tolist() == turn2                             # the response: turn 2 only
+    assert exp.loss_mask[0, :n].tolist() == [1.0] * n
+    assert exp.rollout_logp[0, :n].tolist() == pytest.approx([-(k + 1) / 10 for k in range(n)])
+
+
+def test_a_prefix_break_keeps_the_episode_token_budget(tmp_path):
+    """rollout.max_episode_tokens bounds the whole episode, over the samples a break makes."""
+    from rltune.agents.rendering import Renderer
+    from rltune.train.episodes import play
+
+    think = "<think>" + "a" * 40 + "</think>3"
+    n1 = len(_components(_recipe("builtin:guess"), []).tokenizer(think, add_special_tokens=False)["input_ids"]) + 1
+    c = _components(_recipe("builtin:guess", max_turns=4, max_episode_tokens=n1 + 1), [think, think, think])
+    c.tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {% if m['role'] == 'assistant' and not loop.last %}"
+        "{{ m['content'].split('</think>')[-1] }}{% else %}{{ m['content'] }}{% endif %}{{ eos_token }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}")
+    c.env = (c.env[0], Renderer(c.tokenizer, None))
+    ep = play(c, [{"prompt": "guess", "target": 9, "high": 16}], "prompt", 1)
+    # turn 2 has one token of room left: it is cut there, the episode truncated
+    assert c.rollout.calls == 2 and ep.metrics["episode/truncated"] == 1
+    assert int(ep.exp.response_mask[0].sum()) == 1
 
 
 def test_env_reward_and_turns_environment(tmp_path):

@@ -186,11 +186,23 @@ BUILTIN_ENVS = {"calculator": Calculator, "guess": Guess}
 _TEMPLATES = ("{a}*{b}+{c}", "{a}*{b}-{c}", "({a}+{c})*{b}", "{a}+{b}*{c}")
 
 
+# one solved question before the real one: a small model (SmolLM2-135M) writes no tool call from
+# the schema alone (0 of 32 episodes), and about 7 in 10 after seeing one (docs/BENCHMARKS.md)
+DEMONSTRATION = [
+    {"role": "user", "content": "What is 512*37+64? Use the calc tool, then answer with just the number."},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "calc", "arguments": {"expression": "512*37+64"}}\n</tool_call>'},
+    {"role": "tool", "content": "19008"},
+    {"role": "assistant", "content": "19008"},
+]
+
+
 def calculator_rows(n: int, seed: int, digits: int = 3) -> list[dict]:
     """n arithmetic questions for builtin:calculator (the same n rows for the same seed).
 
     Each mixes a `digits`-digit number with two 2-digit numbers, hard enough that the calc tool
-    helps; `answer` is the exact integer result as text (for builtin:exact_answer).
+    helps; `answer` is the exact integer result as text (for builtin:exact_answer). The prompt is
+    a conversation: one solved question (DEMONSTRATION: the call, the tool's answer, the final
+    answer), then the row's own question.
     """
     if digits < 1:
         raise ValueError("digits must be at least 1")
@@ -200,7 +212,8 @@ def calculator_rows(n: int, seed: int, digits: int = 3) -> list[dict]:
         a = rng.randint(10 ** (digits - 1), 10**digits - 1)
         b, c = rng.randint(11, 99), rng.randint(11, 99)
         expression = rng.choice(_TEMPLATES).format(a=a, b=b, c=c)
-        rows.append({"prompt": f"What is {expression}? Use the calc tool, then answer with just the number.",
+        question = f"What is {expression}? Use the calc tool, then answer with just the number."
+        rows.append({"prompt": [dict(m) for m in DEMONSTRATION] + [{"role": "user", "content": question}],
                      "answer": format_number(safe_eval(expression))})
     return rows
 

@@ -12,7 +12,8 @@ seen, tokenised on its own: the model trained on exactly the ids it sampled from
 when rendering the longer conversation reproduces the shorter one as its prefix. A template that
 rewrites history (Qwen3 drops `<think>` blocks from past assistant turns; templates that strip
 whitespace around an assistant's content) breaks it: `env_delta` returns None, and the episode
-ends there (`episode/prefix_breaks` counts it; its tokens so far are trained as they are).
+goes on as a new sample from the re-rendered conversation (train/episodes.py: the turns before
+the break become its prompt, not trained; `episode/prefix_breaks` counts it).
 
 Tokenizers without a chat template (the tiny test models) get a plain one: `role: content` turns,
 each ended by the EOS token, so a model turn ends where its EOS is sampled. Templates that ignore

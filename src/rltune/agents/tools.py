@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import re
 import threading
 import types
@@ -310,13 +311,16 @@ def call_tool(obj: Any, call: ToolCall, timeout_s: float) -> tuple[str, str | No
     if fn is None:
         return f"error: unknown tool {call.name!r}; tools: {', '.join(tools) or '(none)'}", "unknown"
     problem = _argument_problem(fn, call.arguments)
+    arguments = dict(call.arguments)
+    if not problem:
+        problem = _coerce_scalars(fn, arguments)
     if problem:
         return f"error: bad arguments for {call.name}({_signature_text(fn)}): {problem}", "arguments"
     if inspect.iscoroutinefunction(fn):  # an `async def` tool runs in its own event loop
         import asyncio
 
         fn = _sync(fn, asyncio.run)
-    finished, value, err = run_with_timeout(fn, timeout_s, **call.arguments)
+    finished, value, err = run_with_timeout(fn, timeout_s, **arguments)
     if not finished:
         return f"error: the tool did not answer within {timeout_s:g} s", "timeout"
     if err is not None:
@@ -348,6 +352,46 @@ def _argument_problem(fn: Callable, arguments: dict) -> str | None:
     except TypeError as err:
         return str(err)
     return None
+
+
+def _coerce_scalars(fn: Callable, arguments: dict) -> str | None:
+    """Give each argument of a str / int / float / bool parameter (or Optional of one) that type,
+    in place, where that loses nothing: 12 -> "12" for str, "12" or 12.0 -> 12 for int, 3 or "3.5"
+    -> float, "true" / "false" -> bool. Returns why an argument cannot have its type, or None."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - hints that do not resolve were refused by tool_schema already
+        return None
+    for name, value in arguments.items():
+        hint = hints.get(name)
+        kept = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) in (
+            typing.Union, getattr(types, "UnionType", None)) else [hint]
+        if value is None or len(kept) != 1 or kept[0] not in SCALARS:
+            continue
+        converted = _as_scalar(value, kept[0])
+        if converted is None:
+            return f"{name} must be {SCALARS[kept[0]]}, got {json.dumps(value, default=str)[:60]}"
+        arguments[name] = converted
+    return None
+
+
+def _as_scalar(value: Any, kind: type) -> Any:
+    """`value` as `kind` (str, int, float or bool) when nothing is lost, else None."""
+    if isinstance(value, kind) and not (kind is not bool and isinstance(value, bool)):
+        return value
+    if isinstance(value, bool) or isinstance(value, (dict, list)):
+        return None
+    if kind is str:
+        return str(value) if isinstance(value, (int, float)) else None
+    if kind is bool:
+        return {"true": True, "false": False}.get(str(value).strip().lower())
+    try:
+        number = float(value) if isinstance(value, str) else value
+    except ValueError:
+        return None
+    if kind is float:
+        return float(number) if math.isfinite(float(number)) else None
+    return int(number) if float(number).is_integer() and abs(number) < 2**63 else None
 
 
 def _signature_text(fn: Callable) -> str:

@@ -12,6 +12,11 @@ Every episode (group_size per prompt, one environment instance each) runs turn b
   4. until the environment says done, `rollout.max_turns` turns were taken, a turn ran out of
      tokens (no EOS) or `rollout.max_episode_tokens` is reached (the last two: truncated).
 
+Where the chat template rewrites earlier turns (step 3 finds no exact splice: a prefix break),
+the episode goes on as a new sample: its prompt is the whole conversation re-rendered, as the
+template shows it to the model, and the turns before it become context (not trained; counted
+in `episode/prefix_breaks` and `episode/untrained_tokens`). One row per episode, always.
+
 The result is the same `Scored` a single-turn step gives: the response region holds every turn
 after the prompt; the reward functions see the last assistant message as the completion (empty
 when that turn was cut off before its EOS: a half-written answer is no answer) and the whole
@@ -41,11 +46,14 @@ class Episode:
     tokens: list[int] = field(default_factory=list)      # response side: every turn after the prompt
     trained: list[float] = field(default_factory=list)   # 1 = sampled by the model
     logp: list[float] = field(default_factory=list)      # rollout log-prob of sampled tokens, 0 elsewhere
+    limit: int = 0                       # most tokens this sample's response side may hold
+    spent: int = 0                       # response-side tokens of the samples before a prefix break
     last_text: str = ""                  # the last assistant message
     answered: bool = False               # the last assistant turn ended (EOS): an answer, not a cut-off
     done: bool = False
     truncated: bool = False
-    prefix_break: bool = False
+    breaks: int = 0                      # prefix breaks: the sample restarted from a re-rendered prompt
+    untrained: int = 0                   # model tokens that became context at a break
 
 
 @dataclass
@@ -95,7 +103,8 @@ def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> 
             messages = render.start(session.start(row, prompt_messages(row, prompt_key, r.data)))
             text = render.text(messages)
             ids = render.ids(text)[-r.data.max_prompt_length:]
-            episodes.append(Episode(session, row, prompt_text(row, prompt_key), messages, ids, text))
+            episodes.append(Episode(session, row, prompt_text(row, prompt_key), messages, ids, text,
+                                    limit=ro.max_episode_tokens))
     sampling = Sampling.from_recipe(ro, 1, greedy=greedy)
     for _turn in range(ro.max_turns):
         active = [e for e in episodes if not e.done]
@@ -103,7 +112,8 @@ def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> 
             break
         out = c.rollout.generate([e.prompt_ids + e.tokens for e in active], sampling)
         for i, e in enumerate(active):
-            _take_turn(e, out, i, eos, tok, render, ro, last_turn=_turn == ro.max_turns - 1)
+            _take_turn(e, out, i, eos, tok, render, ro, r.data.max_prompt_length,
+                       last_turn=_turn == ro.max_turns - 1)
     c.rollout.sleep()
     pool = cls if isinstance(cls, EnvPool) else None
     scores = [e.session.reward(e.messages) for e in episodes] if (
@@ -117,12 +127,13 @@ def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> 
                   None if scores is None else [float(s) for s in scores], _metrics(episodes))
 
 
-def _take_turn(e: Episode, out: Experience, i: int, eos: set, tok, render, ro, last_turn: bool) -> None:
+def _take_turn(e: Episode, out: Experience, i: int, eos: set, tok, render, ro, max_prompt: int,
+               last_turn: bool) -> None:
     """Append the model's turn `i` of `out` to episode `e`, then the environment's answer."""
     length = int(out.response_mask[i].sum())
     ids = out.response_ids[i, :length].tolist()
     logp = out.rollout_logp[i, :length].tolist() if out.rollout_logp is not None else [0.0] * length
-    room = ro.max_episode_tokens - len(e.tokens)
+    room = e.limit - len(e.tokens)
     cut = len(ids) > room
     ids, logp = ids[:room], logp[:room]
     e.tokens += ids
@@ -146,16 +157,32 @@ def _take_turn(e: Episode, out: Experience, i: int, eos: set, tok, render, ro, l
         return
     delta = render.env_delta(e.seen, e.messages)
     if delta is None:                  # the template rewrote earlier turns: no exact splice
-        e.done = e.prefix_break = True
+        _restart(e, render, ro, max_prompt)
         return
     env_ids, env_text = delta
-    if len(e.tokens) + len(env_ids) >= ro.max_episode_tokens:
+    if len(e.tokens) + len(env_ids) >= e.limit:
         e.done = e.truncated = True
         return
     e.tokens += env_ids
     e.trained += [0.0] * len(env_ids)
     e.logp += [0.0] * len(env_ids)
     e.seen += env_text
+
+
+def _restart(e: Episode, render, ro, max_prompt: int) -> None:
+    """A prefix break: the episode goes on as a new sample whose prompt is the conversation
+    re-rendered (what the template shows the model now). The turns so far become context, not
+    trained. The episode keeps its token budget (rollout.max_episode_tokens over all its
+    samples) and the row its length bound (data.max_prompt_length + max_episode_tokens)."""
+    text = render.text(e.messages)
+    ids = render.ids(text)
+    e.spent += len(e.tokens)
+    e.breaks += 1
+    e.untrained += int(sum(e.trained))
+    e.prompt_ids, e.seen, e.tokens, e.trained, e.logp = ids, text, [], [], []
+    e.limit = min(ro.max_episode_tokens - e.spent, max_prompt + ro.max_episode_tokens - len(ids))
+    if e.limit <= 0:                   # no room left for another turn
+        e.done = e.truncated = True
 
 
 def _experience(episodes: list[Episode], pad_id: int) -> Experience:
@@ -195,7 +222,8 @@ def _metrics(episodes: list[Episode]) -> dict:
             "episode/timeouts": float(sum(x.timeouts for x in s)),
             "episode/env_time_s": float(sum(x.env_time_s for x in s)),
             "episode/truncated": float(sum(e.truncated for e in episodes)),
-            "episode/prefix_breaks": float(sum(e.prefix_break for e in episodes)),
+            "episode/prefix_breaks": float(sum(e.breaks for e in episodes)),
+            "episode/untrained_tokens": float(sum(e.untrained for e in episodes)),
             "episode/env_crashes": float(sum(getattr(x, "crashed", False) for x in s)),
             "episode/model_tokens": float(sum(sum(e.trained) for e in episodes)),
             "episode/env_tokens": float(sum(len(e.trained) - sum(e.trained) for e in episodes))}
@@ -216,6 +244,8 @@ def finish_metrics(sums: dict, global_sum) -> dict:
             "episode/env_time_s": totals["episode/env_time_s"],
             "episode/truncated": totals["episode/truncated"] / n,
             "episode/prefix_breaks": totals["episode/prefix_breaks"],
+            # model tokens that became context at a prefix break (not trained), per episode
+            "episode/untrained_tokens": totals["episode/untrained_tokens"] / n,
             "episode/env_crashes": totals["episode/env_crashes"],
             "episode/env_token_frac": totals["episode/env_tokens"] / max(
                 totals["episode/env_tokens"] + totals["episode/model_tokens"], 1.0)}

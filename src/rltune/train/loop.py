@@ -306,6 +306,7 @@ def evaluate(c: Components):
     rows = c.eval_set.rows
     scores: list[float] = []
     parts: dict[str, list[float]] = {}
+    sums: dict[str, float] = {}                      # episode metrics (rollout.env), summed over chunks
     for i in range(0, len(rows), 32):
         chunk = rows[i:i + 32]
         columns = reward_columns(chunk, c.eval_set.prompt_key)
@@ -315,6 +316,8 @@ def evaluate(c: Components):
             ep = play(c, chunk, c.eval_set.prompt_key, 1, greedy=True)
             res = c.rewards(ep.prompts, ep.completions, columns, conversations=ep.conversations, training=False,
                             env_scores=ep.env_scores)
+            for k, v in ep.metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
         else:
             ids = [encode_prompt(row, tok, r.data, c.eval_set.prompt_key) for row in chunk]
             exp = c.rollout.generate(ids, Sampling.from_recipe(r.rollout, 1, greedy=True))
@@ -326,7 +329,13 @@ def evaluate(c: Components):
         for spec, values in res.raw.items():
             parts.setdefault(spec, []).extend(values)
     mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
-    return EvalScore(mean(scores), {spec: mean(v) for spec, v in parts.items()}, len(scores))
+    episode = {}
+    if sums:   # every rank plays every eval row: this rank's sums are the eval's
+        from .episodes import finish_metrics
+
+        done = finish_metrics(sums, lambda xs: xs)
+        episode = {k: done[f"episode/{k}"] for k in ("turns_mean", "tool_calls_mean")}
+    return EvalScore(mean(scores), {spec: mean(v) for spec, v in parts.items()}, len(scores), episode)
 
 
 def apply_knobs(c: Components, knobs: Knobs) -> None:

@@ -23,14 +23,18 @@ from ..monitor.advice import fmt
 
 @dataclass
 class EvalScore:
-    """The mean eval reward and its parts (`spec` -> mean score before weighting)."""
+    """The mean eval reward and its parts (`spec` -> mean score before weighting); with
+    rollout.env, `episode` holds the greedy episodes' `turns_mean` and `tool_calls_mean`."""
     reward: float
     parts: dict = field(default_factory=dict)
     prompts: int = 0
+    episode: dict = field(default_factory=dict)
 
     def metrics(self, prefix: str = "eval/reward") -> dict:
-        """`eval/reward` and one `eval/reward/<spec>` per part (as `reward/<spec>` in training)."""
-        return {prefix: self.reward} | {f"{prefix}/{spec}": v for spec, v in self.parts.items()}
+        """`eval/reward` and one `eval/reward/<spec>` per part (as `reward/<spec>` in training);
+        `eval/episode/<name>` for episodes."""
+        return ({prefix: self.reward} | {f"{prefix}/{spec}": v for spec, v in self.parts.items()}
+                | {f"eval/episode/{k}": v for k, v in self.episode.items()})
 
 
 # -- the reward's parts ------------------------------------------------------------------------
@@ -65,7 +69,10 @@ def worth_splitting(weights: dict) -> bool:
 def eval_line(label: str, score: EvalScore, weights: dict) -> str:
     """`eval at step 10: reward 1.000 (exact_answer 0.000 x1.0, format 1.000 x0.5) on 32 held-out prompts`."""
     parts = f" ({parts_text(score.parts, weights)})" if score.parts and worth_splitting(weights) else ""
-    return f"eval {label}: reward {score.reward:.3f}{parts} on {score.prompts} held-out prompts"
+    ep = score.episode
+    episodes = (f"; per episode {ep['turns_mean']:.2f} turns, {ep['tool_calls_mean']:.2f} tool calls"
+                if {"turns_mean", "tool_calls_mean"} <= set(ep) else "")
+    return f"eval {label}: reward {score.reward:.3f}{parts} on {score.prompts} held-out prompts{episodes}"
 
 
 def final_eval_lines(before: EvalScore, after: EvalScore, weights: dict) -> list[str]:
@@ -75,6 +82,9 @@ def final_eval_lines(before: EvalScore, after: EvalScore, weights: dict) -> list
         for spec, v in after.parts.items():
             b = before.parts.get(spec, float("nan"))
             lines.append(f"  {part_name(spec)} (x{fmt(float(weights.get(spec, 1.0)))}): before {b:.3f} -> after {v:.3f}")
+    for key, label in (("tool_calls_mean", "tool calls"), ("turns_mean", "turns")):
+        if key in before.episode and key in after.episode:
+            lines.append(f"  {label} per episode: before {before.episode[key]:.2f} -> after {after.episode[key]:.2f}")
     return lines
 
 

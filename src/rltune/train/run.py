@@ -296,7 +296,8 @@ def _ready(run: Run, state: dict | None) -> None:
         run.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
         if state.get("eval_start") is not None:
             run.eval_start = pg.EvalScore(state["eval_start"], state.get("eval_start_parts") or {},
-                                          len(c.eval_set) if c.eval_set is not None else 0)
+                                          len(c.eval_set) if c.eval_set is not None else 0,
+                                          _floats(state.get("eval_start_episode")))
     if run.dist.is_main:
         for line in pg.startup_lines(c, run.run_dir, run.start if state is not None else None):
             LOG.info("%s", line)
@@ -341,6 +342,13 @@ def _own_directory(run_dir: Path, resume_path: Path | None) -> str | None:
             f"mix; delete it when you no longer need it")
 
 
+def _floats(value) -> dict:
+    """A {name: number} dict read back from a checkpoint's state; anything else is dropped."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): float(v) for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def _finish(c, run_dir: Path, step: int, fresh: bool, eval_start, hint: str, final=None) -> None:
     """Export final/ and evaluate; on a run that had finished before, do whatever of this a
     kill left undone (final/ missing or incomplete, eval.json missing)."""
@@ -373,7 +381,9 @@ def _finish(c, run_dir: Path, step: int, fresh: bool, eval_start, hint: str, fin
         if c.dist.is_main:
             (run_dir / "eval.json").write_text(json.dumps({"before": eval_start.reward, "after": final.reward,
                                                            "before_parts": eval_start.parts,
-                                                           "after_parts": final.parts}))
+                                                           "after_parts": final.parts,
+                                                           "before_episode": eval_start.episode,
+                                                           "after_episode": final.episode}))
     if not redo and not need_eval:
         LOG.info("the run in %s already finished at step %d (trainer.max_steps %d): nothing to do; "
                  "raise trainer.max_steps to continue, or use --resume never to start over",

@@ -105,7 +105,8 @@ def save(run: Run, step: int) -> None:
              "kl_ctl": c.kl_ctl.state_dict(), "sampler": c.sampler.state_dict(), "rewards": c.rewards.state_dict(),
              "knobs": vars(run.knobs).copy(), "skipped_in_a_row": run.skipped_in_a_row,
              "eval_start": eval_start.reward if eval_start is not None else None,
-             "eval_start_parts": eval_start.parts if eval_start is not None else None, "good": run.step_ok,
+             "eval_start_parts": eval_start.parts if eval_start is not None else None,
+             "eval_start_episode": eval_start.episode if eval_start is not None else None, "good": run.step_ok,
              "monitor": monitor.state_dict() if monitor is not None else None,
              "autotune": tuner.state_dict() if tuner is not None else None}
     stop = run.stop
