@@ -37,6 +37,14 @@ CASES = [
      ["rollout.env=builtin:calculator", "rollout.max_new_tokens=256"]),
     ("mask-truncated-short", MINIMAL, ["rollout.mask_truncated=true", "rollout.max_new_tokens=6"], "warning",
      "raise rollout.max_new_tokens (to at least 64)", ["rollout.mask_truncated=true", "rollout.max_new_tokens=256"]),
+    ("vllm-server-unsupported", MINIMAL, ["rollout.engine=vllm-server", "rollout.top_p=0.9"], "error",
+     "set rollout.top_p: 1.0 and rollout.top_k: 0", ["rollout.engine=vllm-server", "rollout.top_p=1.0"]),
+    ("vllm-server-unsupported", MINIMAL, ["rollout.engine=vllm-server", "rollout.top_k=20"], "error",
+     "or rollout.engine: vllm", ["rollout.engine=vllm", "rollout.top_k=20"]),
+    ("vllm-server-unsupported", MINIMAL, ["rollout.engine=vllm-server", "rollout.lora_sync=adapter", LORA], "error",
+     "set rollout.lora_sync: merged", ["rollout.engine=vllm-server", LORA]),
+    ("vllm-server-unsupported", MINIMAL, ["rollout.server={port: 8000}"], "error",
+     "set rollout.engine: vllm-server", ["rollout.server={port: 8000}", "rollout.engine=vllm-server"]),
 ]
 
 

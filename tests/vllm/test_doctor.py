@@ -14,7 +14,7 @@ def test_text_and_json_exit_zero(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["blocking"] is False
     names = {c["name"] for c in data["checks"]}
-    assert {"python", "torch", "transformers", "deepspeed", "vllm", "flash-attn", "all-reduce"} <= names
+    assert {"python", "torch", "transformers", "deepspeed", "vllm", "vllm server", "flash-attn", "all-reduce"} <= names
     assert data["devices"][0]["kind"] == "cpu"
     assert data["packages"]["torch"]
     assert data["seconds"] < 60

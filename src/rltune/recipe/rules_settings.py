@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from rltune.recipe.rules_base import RULES, Ctx, Hit, num, rule
-from rltune.recipe.schema import Recipe, RewardCfg, RolloutCfg
+from rltune.recipe.schema import Recipe, RewardCfg, RolloutCfg, RolloutServerCfg
 
 MASK_TRUNCATED_MIN_TOKENS = 64   # below this many new tokens, most answers of a real task are cut
 
@@ -100,3 +100,26 @@ def mask_truncated_episodes(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
                   f"{RULES['mask-truncated-episodes'].why}",
                   "set rollout.mask_truncated: false (truncated episodes still count in their group's baseline; "
                   "episode/truncated reports them), or raise rollout.max_turns")
+
+
+@rule("vllm-server-unsupported", "error",
+      "rollout.engine vllm-server with top_p < 1 or top_k > 0 (sampling), rollout.lora_sync adapter, or "
+      "rollout.server settings without rollout.engine vllm-server",
+      "the server reports log-probs after top-p / top-k truncation (not the full distribution the trainer's ratios "
+      "use) and takes full weights only; server settings without the server engine do nothing")
+def vllm_server_unsupported(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    ro = r.rollout
+    if ro.engine != "vllm-server":
+        default = RolloutServerCfg()
+        if any(getattr(ro.server, k) != getattr(default, k) for k in RolloutServerCfg.model_fields):
+            yield Hit("rollout.server", f"rollout.server set with rollout.engine {ro.engine}: it configures the "
+                      "vllm-server engine only", "set rollout.engine: vllm-server, or remove rollout.server")
+        return
+    if ro.do_sample and (ro.top_p < 1.0 or ro.top_k > 0):
+        yield Hit("rollout.top_p" if ro.top_p < 1.0 else "rollout.top_k",
+                  f"rollout.engine vllm-server with top_p {num(ro.top_p)} / top_k {ro.top_k}: the server's log-probs "
+                  "would be those of the truncated distribution (docs/rollout-server.md)",
+                  "set rollout.top_p: 1.0 and rollout.top_k: 0, or rollout.engine: vllm (it reports full log-probs)")
+    if ro.lora_sync == "adapter":
+        yield Hit("rollout.lora_sync", "rollout.lora_sync adapter with rollout.engine vllm-server: the server takes "
+                  "full (merged) weights only", "set rollout.lora_sync: merged, or rollout.engine: vllm")

