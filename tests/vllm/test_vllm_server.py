@@ -77,6 +77,7 @@ def test_a_sync_makes_the_server_follow_the_actor_and_moves_the_weight_version(s
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.5)
     version = engine.weight_version()
+    engine.sync_bucket_bytes = 64 << 10   # several /update_weights calls in one update
     ms = engine.sync_weights(model)
     assert ms > 0 and engine.weight_version() == str(int(version if version.isdigit() else 0) + 1)
     exp = engine.generate(PROMPTS, greedy)

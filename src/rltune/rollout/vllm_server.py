@@ -36,6 +36,7 @@ from .base import Sampling
 from .server import ServerError, ServerProcess, call, free_port, healthy
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+SYNC_BUCKET_BYTES = 512 << 20   # weights per /update_weights call (one safetensors file)
 SERVE = "from vllm.entrypoints.launchers.api_server.entry import main; main()"   # what `vllm serve` runs
 
 
@@ -68,6 +69,7 @@ class VLLMServerRollout:
         self.timeout_s = float(srv.request_timeout_s)
         self.pool = ThreadPoolExecutor(max_workers=int(srv.max_in_flight), thread_name_prefix="rltune-rollout")
         self.version = 0                  # weight syncs done: the version the server's weights carry
+        self.sync_bucket_bytes = SYNC_BUCKET_BYTES
         self.stale_samples = 0            # samples whose weight version was not the latest
         self.last_sync_ms: float | None = None
         self.process: ServerProcess | None = None
@@ -183,36 +185,50 @@ class VLLMServerRollout:
     def sync_weights(self, actor) -> float:
         """The actor's full weights (a LoRA actor's merged) -> the server, through vLLM's RL API;
         returns milliseconds. The server is paused for the update (no request sees half the
-        weights) and its prefix cache reset after it (no KV computed with the old weights)."""
-        from safetensors.torch import save_file
-
+        weights) and its prefix cache reset after it (no KV computed with the old weights).
+        Weights travel in files of about `sync_bucket_bytes` each, one `/update_weights` call per
+        file, as they are gathered (under ZeRO-3, parameter by parameter): at most one bucket is
+        held in host memory and on /dev/shm at a time."""
         from .vllm import _with_tied_head
 
         t0 = time.perf_counter()
         weights = self.adaptation.full_weights(actor)
         if self.tied_embeddings:   # vLLM's CPU backend keeps its own packed copy of the head
             weights = _with_tied_head(weights, self.adaptation.input_embedding_name(actor))
-        tensors = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in weights}
+        self._post("/pause?mode=wait")
+        try:
+            self._post("/start_weight_update")
+            bucket: dict = {}
+            size = 0
+            for name, t in weights:
+                bucket[name] = t.detach().to("cpu", copy=True).contiguous()
+                size += bucket[name].numel() * bucket[name].element_size()
+                if size >= self.sync_bucket_bytes:
+                    self._send_bucket(bucket)
+                    bucket, size = {}, 0
+            if bucket:
+                self._send_bucket(bucket)
+            self._post("/finish_weight_update", {"weight_version": str(self.version + 1)})
+            self.version += 1
+            self.expected_version = str(self.version)
+        finally:
+            self._post("/resume")
+        self._post("/reset_prefix_cache")
+        self.last_sync_ms = (time.perf_counter() - t0) * 1000.0
+        return self.last_sync_ms
+
+    def _send_bucket(self, tensors: dict) -> None:
+        """One safetensors file (in /dev/shm where there is one) -> one `/update_weights` call."""
+        from safetensors.torch import save_file
+
         shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         fd, path = tempfile.mkstemp(prefix="rltune-weights-", suffix=".safetensors", dir=shm)
         os.close(fd)
         try:
             save_file(tensors, path)
-            del tensors
-            self._post("/pause?mode=wait")
-            try:
-                self._post("/start_weight_update")
-                self._post("/update_weights", {"update_info": {"path": path}})
-                self._post("/finish_weight_update", {"weight_version": str(self.version + 1)})
-                self.version += 1
-                self.expected_version = str(self.version)
-            finally:
-                self._post("/resume")
-            self._post("/reset_prefix_cache")
+            self._post("/update_weights", {"update_info": {"path": path}})
         finally:
             os.unlink(path)
-        self.last_sync_ms = (time.perf_counter() - t0) * 1000.0
-        return self.last_sync_ms
 
     def weight_version(self) -> str:
         return str(self._get("/weight_info").get("weight_version"))
