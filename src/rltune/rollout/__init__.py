@@ -132,24 +132,12 @@ def _server_engine(recipe, model_dir, tokenizer, device, world_size, log_dir, ad
         if not ok:
             raise RolloutEngineError(f"rollout.engine: vllm-server starts the installed vLLM's server, but {why}\n  "
                                      "fix: install it, or set rollout.server.url to a running server")
-    kv = None
-    if not str(device).startswith("cuda"):
-        from transformers import AutoConfig
-
-        from .vllm import cpu_kv_cache_bytes, kv_bytes_per_token
-
-        cfg = AutoConfig.from_pretrained(model_dir)
-        text = getattr(cfg, "get_text_config", lambda: cfg)()
-        per_token = kv_bytes_per_token(text, 4 if recipe.trainer.precision == "fp32" else 2)
-        seq = max_sequence_length(recipe)
-        kv = cpu_kv_cache_bytes(sequences_per_generate_call(recipe), seq, seq, per_token)[0]
-        if recipe.rollout.cpu_kvcache_gb:
-            kv = int(recipe.rollout.cpu_kvcache_gb * (1 << 30))
     try:
         return VLLMServerRollout(model_dir, tokenizer, recipe.rollout, precision=recipe.trainer.precision,
                                  seed=recipe.trainer.seed, max_len=max_sequence_length(recipe), device=device,
                                  log_dir=log_dir, adaptation=adaptation,
-                                 trust_remote_code=recipe.model.trust_remote_code, kv_cache_bytes=kv)
+                                 trust_remote_code=recipe.model.trust_remote_code,
+                                 seqs_per_call=sequences_per_generate_call(recipe))
     except ServerError as err:
         raise RolloutEngineError(f"rollout.engine: vllm-server: {err}") from None
 

@@ -49,6 +49,9 @@ class RolloutEngine(Protocol):
     def wake_up(self) -> None:
         """Undo `sleep` before the next generation or weight sync."""
 
+    def close(self) -> None:
+        """Release what the engine holds outside this process (a server process); idempotent."""
+
 
 def response_mask_from_ids(response_ids, eos_ids: set[int], pad_id: int | None):
     """(B, T) float mask: 1 up to and including the first EOS; 0 after it and on the padding

@@ -124,6 +124,9 @@ class HFRollout:
     def wake_up(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
     # -- weights --
     def sync_weights(self, actor) -> float:
         """Give the engine the actor's current weights. Where the actor holds them whole, on the

@@ -158,6 +158,22 @@ def cpu_kv_cache_bytes(seqs_per_call: int, seq_len: int, max_model_len: int, per
     return size, why
 
 
+def cpu_kv_cache(rollout_cfg, text_cfg, precision: str, max_len: int, max_model_len: int,
+                 seqs_per_call: int | None) -> tuple[int, str]:
+    """(bytes, one log line) for vLLM's CPU KV cache (the in-process engine's and the server's)."""
+    env = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if env:   # vLLM lets the (legacy) variable override the engine argument
+        return int(env) * GiB, f"vLLM CPU KV cache {env} GiB (VLLM_CPU_KVCACHE_SPACE={env} in the environment)"
+    gb = getattr(rollout_cfg, "cpu_kvcache_gb", None)
+    if gb is not None:
+        size = int(float(gb) * GiB)
+        return size, f"vLLM CPU KV cache {size / GiB:.2f} GiB (rollout.cpu_kvcache_gb: {gb})"
+    seqs = int(seqs_per_call or rollout_cfg.batch_size)
+    per_token = kv_bytes_per_token(text_cfg, {"fp32": 4, "bf16": 2, "fp16": 2}[precision])
+    size, why = cpu_kv_cache_bytes(seqs, int(max_len), max_model_len, per_token)
+    return size, f"vLLM CPU KV cache {size / 2**20:.0f} MiB (rollout.cpu_kvcache_gb: auto; {why})"
+
+
 def default_max_model_len(max_len: int, model_max: int | None) -> int:
     """prompt + response length rounded up to a multiple of 64, capped by the model's limit."""
     n = int(math.ceil(max(16, max_len) / 64.0) * 64)
@@ -259,18 +275,7 @@ class VLLMRollout:
         return False, next((d for d in done if d is not True), "no worker answered") or "unknown"
 
     def _cpu_kv_cache(self, rollout_cfg, text_cfg, precision, max_len, seqs_per_call) -> tuple[int, str]:
-        """(bytes, one log line) for vLLM's CPU KV cache."""
-        env = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
-        if env:   # vLLM lets the (legacy) variable override the engine argument
-            return int(env) * GiB, f"vLLM CPU KV cache {env} GiB (VLLM_CPU_KVCACHE_SPACE={env} in the environment)"
-        gb = getattr(rollout_cfg, "cpu_kvcache_gb", None)
-        if gb is not None:
-            size = int(float(gb) * GiB)
-            return size, f"vLLM CPU KV cache {size / GiB:.2f} GiB (rollout.cpu_kvcache_gb: {gb})"
-        seqs = int(seqs_per_call or rollout_cfg.batch_size)
-        per_token = kv_bytes_per_token(text_cfg, {"fp32": 4, "bf16": 2, "fp16": 2}[precision])
-        size, why = cpu_kv_cache_bytes(seqs, int(max_len), self.max_model_len, per_token)
-        return size, f"vLLM CPU KV cache {size / 2**20:.0f} MiB (rollout.cpu_kvcache_gb: auto; {why})"
+        return cpu_kv_cache(rollout_cfg, text_cfg, precision, max_len, self.max_model_len, seqs_per_call)
 
     # -- generation --
     def _params(self, s: Sampling):

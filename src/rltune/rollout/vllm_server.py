@@ -45,11 +45,11 @@ class VLLMServerRollout:
 
     def __init__(self, model_dir: str, tokenizer, rollout_cfg, precision: str = "fp32", seed: int | None = 0,
                  max_len: int = 512, device: str = "cpu", log_dir: Path | None = None, adaptation=None,
-                 trust_remote_code: bool = False, kv_cache_bytes: int | None = None):
+                 trust_remote_code: bool = False, seqs_per_call: int | None = None):
         from transformers import AutoConfig
 
         from ..models.adaptation import FullWeights
-        from .vllm import _truncates, default_max_model_len, eos_and_pad
+        from .vllm import _truncates, cpu_kv_cache, default_max_model_len, eos_and_pad
 
         self.cfg, srv = rollout_cfg, rollout_cfg.server
         self.device = "cuda" if str(device).startswith("cuda") else "cpu"
@@ -84,9 +84,9 @@ class VLLMServerRollout:
             self.log = Path(log_dir or tempfile.mkdtemp(prefix="rltune-server-")) / "rollout-server.log"
             cmd = self._command(model_dir, srv, port, precision, seed, trust_remote_code)
             if self.device == "cpu":   # exact bytes; vLLM's CPU default (a share of all memory) rarely fits
-                kv = int(kv_cache_bytes or (1 << 30))
+                kv, self.kv_cache_line = cpu_kv_cache(rollout_cfg, text_cfg, precision, max_len, self.max_model_len,
+                                                      seqs_per_call)
                 cmd += ["--kv-cache-memory-bytes", str(kv)]
-                self.kv_cache_line = f"rollout server KV cache: {kv / (1 << 30):.2f} GiB (--kv-cache-memory-bytes)"
             env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
             self.process = ServerProcess(cmd, self.base_url, self.log, env, srv.startup_timeout_s).start()
         self.init_s = time.perf_counter() - t0

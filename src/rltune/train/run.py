@@ -172,8 +172,7 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, ove
             signal.signal(s, h)
         for sink in run.sinks:
             sink.close()
-        if run.c.rollout.name == "vllm-server":   # its server process ends with the run, not the process
-            run.c.rollout.close()
+        run.c.rollout.close()   # a rollout server ends with the run, not with the process
     if exit_code == EXIT_INTERRUPTED:
         LOG.warning("interrupted at step %d; resume with: %s", run.step, run.hint)
     return exit_code
