@@ -65,9 +65,14 @@ def load_env_class(spec: str, base_dir: Path | None = None) -> type:
     if cls is None:
         raise EnvError(f"{target} has no {class_name!r} (from rollout.env: {spec})",
                        f"define class {class_name} in {target}, or name the class it defines")
+    from .agent import check_agent, is_agent
+
+    if is_agent(cls):          # an agent: run(client, row) -> reward (agents/agent.py)
+        check_agent(cls)
+        return cls
     if not isinstance(cls, type):
-        raise EnvError(f"{spec}: {class_name} is a {type(cls).__name__}, not a class",
-                       "name a class: rltune makes one instance per episode")
+        raise EnvError(f"{spec}: {class_name} is a {type(cls).__name__}, not a class or a function",
+                       "name a class (one instance per episode) or an agent function run(client, row)")
     try:
         if kind_of(cls) == "tools":
             tool_schemas(cls)
@@ -115,7 +120,12 @@ def _exec_file(spec: str, target: str, base_dir: Path | None):
 
 def kind_of(cls: type) -> str:
     """The shape of an environment class: "turns" when it has step(), "tools" when it has tool
-    methods; EnvError when it is neither, has no reset(), or its step is not callable."""
+    methods, "agent" for a function run(client, row) (agents/agent.py); EnvError when it is
+    none of these, has no reset(), or its step is not callable."""
+    from .agent import is_agent
+
+    if is_agent(cls):
+        return "agent"
     if not isinstance(cls, type):
         raise EnvError(f"environment {_short(cls)} is not a class", "name a class")
     name = cls.__qualname__
@@ -131,8 +141,10 @@ def kind_of(cls: type) -> str:
 
 
 def gives_reward(cls: type) -> bool:
-    """Whether the environment class defines its own reward()."""
-    return callable(getattr(cls, "reward", None))
+    """Whether the environment class defines its own reward() (an agent's run() returns one)."""
+    from .agent import is_agent
+
+    return is_agent(cls) or callable(getattr(cls, "reward", None))
 
 
 # ---------------------------------------------------------------- validate: read, never run
@@ -162,6 +174,11 @@ def check_env_file(spec: str, base_dir: Path | None) -> str | None:
     if tree is None:
         return problem
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if class_name in functions and class_name not in classes:   # an agent: run(client, row)
+        from .agent import check_agent_def
+
+        return check_agent_def(functions[class_name], target)
     if class_name not in classes:
         if _may_bind(tree, class_name):
             return None  # bound by an import or an assignment: only importing could tell
@@ -182,6 +199,9 @@ def env_defines_reward(spec: str, base_dir: Path | None) -> bool | None:
     if not target.endswith(".py") or not class_name or not path.is_file():
         return None
     tree, _ = _parse_file(path, target)
+    if tree is not None and any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == class_name
+                                for n in tree.body):
+        return True            # an agent function: its return value is the reward
     members = None if tree is None else _class_members({n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}, class_name)
     return None if members is None else "reward" in members
 

@@ -74,7 +74,7 @@ def load_environment(recipe, tokenizer, recipe_dir: Path):
     the run before any model is built), or None for single-turn runs."""
     if not recipe.rollout.env:
         return None
-    from ..agents.env import kind_of, load_env_class
+    from ..agents.env import EnvError, kind_of, load_env_class
     from ..agents.rendering import Renderer
     from ..agents.tools import tool_schemas
 
@@ -82,6 +82,11 @@ def load_environment(recipe, tokenizer, recipe_dir: Path):
         from ..agents.isolate import EnvPool
 
         pool = EnvPool(recipe.rollout.env, Path(recipe_dir), recipe.rollout.tool_timeout_s)
+        if pool.kind == "agent":
+            pool.close()
+            raise EnvError(f"rollout.env_isolate is for environment classes; {recipe.rollout.env} is an agent "
+                           "function, which runs in threads of the trainer",
+                           "remove rollout.env_isolate (an agent's own code may start processes of its own)")
         return pool, Renderer(tokenizer, pool.tools if pool.kind == "tools" else None)
     cls = load_env_class(recipe.rollout.env, Path(recipe_dir))
     return cls, Renderer(tokenizer, tool_schemas(cls) if kind_of(cls) == "tools" else None)
@@ -92,9 +97,15 @@ def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> 
     from ..agents.env import Session, gives_reward
     from ..agents.isolate import EnvPool
 
+    from ..agents.agent import is_agent
+
     r, tok = c.recipe, c.tokenizer
     ro = r.rollout
     cls, render = c.env
+    if is_agent(cls):   # rollout.env names an agent function: its own code drives the episodes
+        from .agent_episodes import play_agents
+
+        return play_agents(c, rows, prompt_key, n, greedy)
     eos = set(c.rollout.eos_ids)
     episodes: list[Episode] = []
     for row in rows:
@@ -121,29 +132,16 @@ def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> 
     for e in episodes:
         if hasattr(e.session, "close"):
             e.session.close()
-    return Played(_experience(episodes, c.rollout.pad_id), [e.prompt for e in episodes],
+    return Played(experience(episodes, c.rollout.pad_id), [e.prompt for e in episodes],
                   [e.last_text if e.answered else "" for e in episodes], [e.row for e in episodes],
                   [e.messages for e in episodes],
-                  None if scores is None else [float(s) for s in scores], _metrics(episodes))
+                  None if scores is None else [float(s) for s in scores], episode_metrics(episodes))
 
 
 def _take_turn(e: Episode, out: Experience, i: int, eos: set, tok, render, ro, max_prompt: int,
                last_turn: bool) -> None:
     """Append the model's turn `i` of `out` to episode `e`, then the environment's answer."""
-    length = int(out.response_mask[i].sum())
-    ids = out.response_ids[i, :length].tolist()
-    logp = out.rollout_logp[i, :length].tolist() if out.rollout_logp is not None else [0.0] * length
-    room = e.limit - len(e.tokens)
-    cut = len(ids) > room
-    ids, logp = ids[:room], logp[:room]
-    e.tokens += ids
-    e.trained += [1.0] * len(ids)
-    e.logp += logp
-    ended = bool(ids) and ids[-1] in eos
-    e.last_text = tok.decode([t for t in ids if t not in eos], skip_special_tokens=False)
-    e.seen += tok.decode(ids, skip_special_tokens=False)
-    e.messages = e.messages + [{"role": "assistant", "content": e.last_text}]
-    e.answered = ended and not cut
+    append_turn(e, *sampled(out, i), eos, tok)
     if not e.answered:                 # out of tokens mid-turn: the environment never sees it
         e.done = e.truncated = True
         return
@@ -157,7 +155,7 @@ def _take_turn(e: Episode, out: Experience, i: int, eos: set, tok, render, ro, m
         return
     delta = render.env_delta(e.seen, e.messages)
     if delta is None:                  # the template rewrote earlier turns: no exact splice
-        _restart(e, render, ro, max_prompt)
+        restart(e, render, ro, max_prompt)
         return
     env_ids, env_text = delta
     if len(e.tokens) + len(env_ids) >= e.limit:
@@ -169,7 +167,32 @@ def _take_turn(e: Episode, out: Experience, i: int, eos: set, tok, render, ro, m
     e.seen += env_text
 
 
-def _restart(e: Episode, render, ro, max_prompt: int) -> None:
+def sampled(out: Experience, i: int) -> tuple[list[int], list[float]]:
+    """(ids, log-probs) of row `i` of a `generate` result, without its padding."""
+    length = int(out.response_mask[i].sum())
+    ids = out.response_ids[i, :length].tolist()
+    logp = out.rollout_logp[i, :length].tolist() if out.rollout_logp is not None else [0.0] * length
+    return ids, logp
+
+
+def append_turn(e: Episode, ids: list[int], logp: list[float], eos: set, tok) -> None:
+    """The model's turn, exactly as sampled (cut to the episode's room), on the end of `e`:
+    trained ids and their log-probs, the text seen, the assistant message (its text without
+    EOS), and whether it is an answer (it ended with EOS, uncut)."""
+    room = e.limit - len(e.tokens)
+    cut = len(ids) > room
+    ids, logp = ids[:room], logp[:room]
+    e.tokens += ids
+    e.trained += [1.0] * len(ids)
+    e.logp += logp
+    ended = bool(ids) and ids[-1] in eos
+    e.last_text = tok.decode([t for t in ids if t not in eos], skip_special_tokens=False)
+    e.seen += tok.decode(ids, skip_special_tokens=False)
+    e.messages = e.messages + [{"role": "assistant", "content": e.last_text}]
+    e.answered = ended and not cut
+
+
+def restart(e: Episode, render, ro, max_prompt: int) -> None:
     """A prefix break: the episode goes on as a new sample whose prompt is the conversation
     re-rendered (what the template shows the model now). The turns so far become context, not
     trained. The episode keeps its token budget (rollout.max_episode_tokens over all its
@@ -185,7 +208,7 @@ def _restart(e: Episode, render, ro, max_prompt: int) -> None:
         e.done = e.truncated = True
 
 
-def _experience(episodes: list[Episode], pad_id: int) -> Experience:
+def experience(episodes: list[Episode], pad_id: int) -> Experience:
     """The batch: prompts left-padded, every episode's turns right-padded; `loss_mask` marks the
     model's tokens, `response_mask` every real one."""
     B = len(episodes)
@@ -211,7 +234,7 @@ def _experience(episodes: list[Episode], pad_id: int) -> Experience:
                       truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool))
 
 
-def _metrics(episodes: list[Episode]) -> dict:
+def episode_metrics(episodes: list[Episode]) -> dict:
     """Sums over this rank's episodes (the step adds the ranks and divides)."""
     s = [e.session for e in episodes]
     return {"episode/count": float(len(episodes)),

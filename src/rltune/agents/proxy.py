@@ -1,0 +1,224 @@
+"""The OpenAI-compatible endpoint an `agent` environment talks to (docs/agents.md, "Agents").
+
+An agent is ordinary code written against the OpenAI client: `run(client, row) -> reward`. In
+training rltune gives it a client whose base URL is this small HTTP server on 127.0.0.1, one URL
+per episode (`/e/<key>/v1`). The server turns each chat-completions request into token ids, asks
+the rollout engine for the next turn and answers as an OpenAI endpoint would; the trainer keeps
+the exact ids and log-probs (train/agent_episodes.py). The same agent runs unchanged against a
+real endpoint outside training.
+
+This module is the wire: HTTP, the request's messages normalised, the reply built (tool calls
+parsed from the sampled text into `message.tool_calls` when the request offered tools).
+Standard library only. What it serves:
+
+    POST /e/<key>/v1/chat/completions   non-streaming, n = 1; sampling settings are the recipe's
+    GET  /e/<key>/v1/models             one model, "policy"
+
+Errors have OpenAI's shape ({"error": {"message", "type", "code"}}), so the client raises them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+from .tools import CLOSE, OPEN, parse_tool_calls
+
+MAX_BODY = 64 << 20          # a request larger than this is refused (413)
+MODEL_ID = "policy"
+
+
+class BadRequest(Exception):
+    """A request the proxy will not serve: the message goes back to the agent as a 400."""
+
+
+# ---------------------------------------------------------------- requests
+
+def request_messages(body: dict) -> tuple[list[dict], list[dict] | None]:
+    """(messages, tools) of a chat-completions request, normalised: each message a dict with a
+    str role and a str content (text parts joined), assistant tool calls as
+    [{"id", "type": "function", "function": {"name", "arguments": dict}}] (what chat templates
+    read). BadRequest for what the proxy does not serve (streaming, n > 1, images)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    if body.get("stream"):
+        raise BadRequest("streaming is not supported by rltune's training endpoint: call without stream=True")
+    if body.get("n", 1) not in (1, None):
+        raise BadRequest("n must be 1: rltune samples one completion per request (group_size sets how many "
+                         "episodes each row gets)")
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("`messages` must be a non-empty list")
+    messages = [normalise_message(m, i) for i, m in enumerate(raw)]
+    tools = body.get("tools") or None
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise BadRequest("`tools` must be a list of {\"type\": \"function\", \"function\": {...}} objects")
+    return messages, tools
+
+
+def normalise_message(m, i: int = 0) -> dict:
+    """One message of a request (the i-th), normalised as `request_messages` says."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise BadRequest(f"messages[{i}] is not an object with a str `role`")
+    out = {"role": m["role"], "content": _text(m.get("content"), i)}
+    for key in ("name", "tool_call_id"):
+        if isinstance(m.get(key), str):
+            out[key] = m[key]
+    calls = m.get("tool_calls")
+    if calls:
+        if not isinstance(calls, list):
+            raise BadRequest(f"messages[{i}].tool_calls must be a list")
+        out["tool_calls"] = [_call(c, i) for c in calls]
+    return out
+
+
+def _text(content, i: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                raise BadRequest(f"messages[{i}] has a content part that is not text: only text is supported")
+            parts.append(p["text"])
+        return "".join(parts)
+    raise BadRequest(f"messages[{i}].content must be a string or a list of text parts")
+
+
+def _call(c, i: int) -> dict:
+    fn = c.get("function") if isinstance(c, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise BadRequest(f"messages[{i}] has a tool call without function.name")
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            pass          # kept as the text it was: it only matters for rendering
+    return {"id": str(c.get("id", "")), "type": "function", "function": {"name": fn["name"], "arguments": args}}
+
+
+def same_message(a: dict, b: dict) -> bool:
+    """Whether two normalised assistant messages say the same (content and tool calls; ids aside)."""
+    def key(m):
+        return (m.get("content") or "").strip(), [(c["function"]["name"], c["function"]["arguments"])
+                                                  for c in m.get("tool_calls") or []]
+    return key(a) == key(b)
+
+
+# ---------------------------------------------------------------- replies
+
+def reply_message(text: str, offer_tools: bool, call_prefix: str) -> tuple[dict, int, bool]:
+    """(assistant message, tool calls made, unparseable call) for the sampled text. With tools
+    offered, `<tool_call>` blocks become `tool_calls` (ids `call_prefix`-N) and the rest is the
+    content; a call that cannot be read stays in the content, as text."""
+    message = {"role": "assistant", "content": text}
+    if not offer_tools:
+        return message, 0, False
+    calls, why = parse_tool_calls(text)
+    if why is not None or not calls:
+        return message, 0, why is not None
+    rest = text[:text.find(OPEN)].strip() if OPEN in text else ""
+    if OPEN in text and CLOSE in text:
+        rest = (rest + " " + text[text.rfind(CLOSE) + len(CLOSE):].strip()).strip()
+    message["content"] = rest or None
+    message["tool_calls"] = [{"id": f"{call_prefix}-{j}", "type": "function",
+                              "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                             for j, c in enumerate(calls)]
+    return message, len(calls), False
+
+
+def completion(message: dict, finish: str, prompt_tokens: int, completion_tokens: int, rid: str) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": MODEL_ID,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def error(message: str, code: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": code, "code": code, "param": None}}
+
+
+# ---------------------------------------------------------------- the server
+
+class ChatProxy:
+    """The HTTP server; `chat(key, body) -> (status, json)` answers each request (called in the
+    request's own thread). Bound to 127.0.0.1 on a free port; `close()` stops it."""
+
+    def __init__(self, chat: Callable[[str, dict], tuple[int, dict]]):
+        handler = type("Handler", (_Handler,), {"chat": staticmethod(chat)})
+        self.server = _Server(("127.0.0.1", 0), handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       name="rltune-agent-proxy", daemon=True)
+        self.thread.start()
+
+    def url(self, key: str) -> str:
+        return f"http://127.0.0.1:{self.port}/e/{key}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024      # every episode's agent connects at once (the default backlog is 5)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    chat: Callable
+
+    def log_message(self, *args) -> None:   # no access log on the trainer's console
+        pass
+
+    def _route(self) -> tuple[str | None, str]:
+        parts = self.path.split("?", 1)[0].strip("/").split("/")
+        if len(parts) >= 3 and parts[0] == "e" and parts[2] == "v1":
+            return parts[1], "/".join(parts[3:])
+        return None, ""
+
+    def _send(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        key, rest = self._route()
+        if key is not None and rest == "models":
+            self._send(200, {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "owned_by": "rltune"}]})
+        else:
+            self._send(404, error(f"no route GET {self.path}", "not_found"))
+
+    def do_POST(self) -> None:  # noqa: N802
+        key, rest = self._route()
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            self.close_connection = True
+            self._send(413, error(f"request body over {MAX_BODY >> 20} MiB"))
+            return
+        raw = self.rfile.read(length)
+        if key is None or rest != "chat/completions":
+            self._send(404, error(f"no route POST {self.path}: rltune serves /e/<episode>/v1/chat/completions",
+                                  "not_found"))
+            return
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            self._send(400, error("the request body is not JSON"))
+            return
+        status, payload = self.chat(key, body)
+        self._send(status, payload)
+
+
+__all__ = ["BadRequest", "ChatProxy", "completion", "error", "normalise_message", "reply_message", "request_messages",
+           "same_message"]

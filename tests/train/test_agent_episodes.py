@@ -1,0 +1,257 @@
+"""`agent` environments (issue 28, item 4): run(client, row) written against the real OpenAI
+client, served by rltune's recording endpoint. A scripted engine answers from the prompt it is
+given, so every check is on exact ids: the episode holds the ids the engine sampled (trained) and
+the environment's rendered turns between them (not trained), tool calls come back as OpenAI
+`tool_calls`, history rewrites are prefix breaks, and the episode's bounds, crashes and hangs
+end episodes, never the run (unless every agent crashes)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rltune.recipe.schema import Recipe
+
+pytest.importorskip("openai")
+TOKENIZER = "builtin:smollm2-135m-instruct"     # a chat tokenizer that can write `<tool_call>{...}`
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers.",
+                                        "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                                                        "b": {"type": "integer"}},
+                                                       "required": ["a", "b"]}}}
+
+
+def _recipe(**rollout) -> Recipe:
+    return Recipe.model_validate({
+        "model": {"policy": "builtin:tiny-llama"}, "data": {"train": "builtin:arithmetic"},
+        "reward": {"functions": ["builtin:exact_answer"]}, "algorithm": {"name": "grpo", "group_size": 2},
+        "rollout": {"engine": "hf", "batch_size": 2, "max_new_tokens": 64, "env": "agent.py:run", **rollout},
+        "train": {"batch_size": 2, "micro_batch_size": 2}})
+
+
+class Answering:
+    """A rollout engine that answers from the prompt: a tool call until the tool's answer is in
+    it, then the answer "3" (or `reply(prompt text)` where given). Records every batch."""
+
+    name = "answering"
+
+    def __init__(self, tok, reply=None):
+        self.tok, self.reply = tok, reply
+        self.eos_ids, self.pad_id = {tok.eos_token_id}, tok.pad_token_id
+        self.batches: list[list[list[int]]] = []
+        self.sampled: dict[tuple, list[int]] = {}     # prompt ids -> the ids sampled for it
+
+    def _text(self, prompt: list[int]) -> str:
+        if self.reply is not None:
+            return self.reply(self.tok.decode(prompt))
+        return "3" if "<|im_start|>tool" in self.tok.decode(prompt) else CALL
+
+    def generate(self, prompt_ids, sampling):
+        from rltune.rollout.experience import Experience
+
+        self.batches.append([list(p) for p in prompt_ids])
+        rows = []
+        for p in prompt_ids:
+            text = self._text(list(p))
+            cut = text.endswith("…")
+            ids = self.tok(text.rstrip("…"), add_special_tokens=False)["input_ids"] + ([] if cut else [self.tok.eos_token_id])
+            self.sampled[tuple(p)] = ids
+            rows.append(ids)
+        B, T = len(rows), max(len(r) for r in rows)
+        response = torch.full((B, T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(B, T)
+        for i, r in enumerate(rows):
+            response[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), 1.0
+        return Experience(prompt_ids=torch.zeros(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.long),
+                          response_ids=response, response_mask=mask,
+                          rollout_logp=-mask * torch.arange(1, T + 1, dtype=torch.float32) / 10)
+
+    def sleep(self):
+        pass
+
+
+def _play(agent, rows, n=1, reply=None, **rollout):
+    from rltune.agents.rendering import Renderer
+    from rltune.models.loading import load_tokenizer
+    from rltune.train.episodes import play
+
+    tok = load_tokenizer(TOKENIZER)
+    c = SimpleNamespace(recipe=_recipe(**rollout), tokenizer=tok, rollout=Answering(tok, reply), env=(agent, Renderer(tok)))
+    return c, play(c, rows, "prompt", n)
+
+
+def assert_sampled_ids_exactly(c, ep):
+    """Every trained run of every episode is what the engine sampled for exactly the ids before it."""
+    exp = ep.exp
+    for b in range(exp.size):
+        prompt = exp.prompt_ids[b][exp.prompt_mask[b].bool()].tolist()
+        n = int(exp.response_mask[b].sum())
+        ids, trained = exp.response_ids[b, :n].tolist(), exp.loss_mask[b, :n].tolist()
+        p = 0
+        while p < n:
+            if trained[p] == 0:
+                p += 1
+                continue
+            want = c.rollout.sampled[tuple(prompt + ids[:p])]
+            assert ids[p:p + len(want)] == want[:n - p]
+            assert trained[p:p + len(want)] == [1.0] * min(len(want), n - p)
+            p += len(want)
+
+
+def tool_agent(client, row):
+    messages = [{"role": "user", "content": row["prompt"]}]
+    first = client.chat.completions.create(model="any", messages=messages, tools=[ADD])
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    call = choice.message.tool_calls[0]
+    args = json.loads(call.function.arguments)
+    messages += [choice.message, {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}]
+    final = client.chat.completions.create(model="any", messages=messages, tools=[ADD])
+    return 1.0 if final.choices[0].message.content == "3" else 0.0
+
+
+def test_an_openai_client_agent_with_tools_is_recorded_token_in_token_out():
+    c, ep = _play(tool_agent, [{"prompt": "What is 1+2?"}, {"prompt": "And 1+2?"}], n=2)
+    assert ep.env_scores == [1.0] * 4 and ep.completions == ["3"] * 4
+    assert_sampled_ids_exactly(c, ep)
+    exp, tok = ep.exp, c.tokenizer
+    env = exp.response_mask - exp.loss_mask
+    assert float(env.sum()) > 0
+    text = tok.decode(exp.response_ids[0][env[0].bool()])
+    assert text.startswith("\n<|im_start|>tool\n3<|im_end|>") and text.endswith("<|im_start|>assistant\n")
+    # the tools are offered as the template can (SmolLM2's renders no `tools=`: a system message)
+    assert "add" in tok.decode(exp.prompt_ids[0]) and "<tool_call>" in tok.decode(exp.prompt_ids[0])
+    assert float(exp.rollout_logp[env.bool()].abs().sum()) == 0 and bool((exp.rollout_logp[exp.loss_mask.bool()] < 0).all())
+    m = ep.metrics
+    assert m["episode/tool_calls"] == 4 and m["episode/turns"] == 8 and m["episode/prefix_breaks"] == 0
+    assert m["episode/truncated"] == 0 and m["episode/env_crashes"] == 0
+    # lockstep: the 4 episodes' first turns were sampled in one call, then their second turns
+    assert [len(b) for b in c.rollout.batches] == [4, 4]
+
+
+def test_a_rewritten_history_is_a_prefix_break_and_the_earlier_turn_is_not_trained():
+    def forgetful(client, row):
+        first = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "one"}])
+        text = first.choices[0].message.content
+        # the agent keeps a summary of its turn, not the turn: the model never saw this history
+        messages = [{"role": "user", "content": "one"}, {"role": "assistant", "content": text.upper()},
+                    {"role": "user", "content": "two"}]
+        client.chat.completions.create(model="m", messages=messages)
+        return 0.5
+
+    c, ep = _play(forgetful, [{"prompt": "p"}], reply=lambda prompt: "ok")
+    assert ep.metrics["episode/prefix_breaks"] == 1 and ep.env_scores == [0.5]
+    assert ep.metrics["episode/untrained_tokens"] == 2            # "ok" + EOS became context
+    exp, tok = ep.exp, c.tokenizer
+    assert "OK" in tok.decode(exp.prompt_ids[0]) and tok.decode(exp.prompt_ids[0]).endswith("two<|im_end|>\n<|im_start|>assistant\n")
+    assert exp.loss_mask[0].sum() == 2
+    assert_sampled_ids_exactly(c, ep)
+
+
+def test_the_episodes_bounds_end_it_and_the_agent_is_told():
+    import openai
+
+    seen = {}
+
+    def endless(client, row):
+        messages = [{"role": "user", "content": "go"}]
+        try:
+            while True:
+                reply = client.chat.completions.create(model="m", messages=messages)
+                messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                             {"role": "user", "content": "again"}]
+        except openai.BadRequestError as err:
+            seen["error"], seen["code"] = str(err), err.code
+            return 0.25 if row["prompt"] == "catch" else None
+
+    c, ep = _play(endless, [{"prompt": "catch"}, {"prompt": "none"}], reply=lambda prompt: "more", max_turns=3)
+    assert "rollout.max_turns (3) reached" in seen["error"] and seen["code"] == "episode_ended"
+    assert [len(b) for b in c.rollout.batches] == [2, 2, 2]
+    assert ep.env_scores == [0.25, 0.0] and bool(ep.exp.truncated.all())
+    assert ep.metrics["episode/env_crashes"] == 0        # an ended episode's agent is not a crash
+    assert_sampled_ids_exactly(c, ep)
+
+    # a turn that runs out of tokens: finish_reason "length", then the episode is over
+    reasons = []
+
+    def cut(client, row):
+        reasons.append(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+                       .choices[0].finish_reason)
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+
+    c, ep = _play(cut, [{"prompt": "p"}], reply=lambda prompt: "never ends…")
+    assert reasons == ["length"] and ep.env_scores == [0.0] and bool(ep.exp.truncated[0]) and ep.completions == [""]
+
+
+def test_an_agent_that_raises_scores_zero_and_when_all_do_the_run_stops(caplog):
+    from rltune.agents.env import EnvError
+
+    def flaky(client, row):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+        if row["prompt"] == "bad":
+            raise ValueError("cannot parse the model's answer")
+        return 1.0
+
+    with caplog.at_level(logging.WARNING, logger="rltune"):
+        c, ep = _play(flaky, [{"prompt": "good"}, {"prompt": "bad"}], reply=lambda prompt: "x")
+    assert ep.env_scores == [1.0, 0.0] and ep.metrics["episode/env_crashes"] == 1
+    assert "1 of 2 agent episodes raised" in caplog.text and "ValueError: cannot parse" in caplog.text
+    with pytest.raises(EnvError, match="every agent episode raised; the first: ValueError"):
+        _play(flaky, [{"prompt": "bad"}], reply=lambda prompt: "x")
+
+    def wrong(client, row):
+        return "1.0"
+
+    with pytest.raises(EnvError, match="returned '1.0'"):
+        _play(wrong, [{"prompt": "p"}])
+
+
+def test_streaming_and_several_choices_are_refused_with_the_reason():
+    import openai
+
+    errors = []
+
+    def streaming(client, row):
+        for kwargs in ({"stream": True}, {"n": 2}):
+            try:
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], **kwargs)
+            except openai.BadRequestError as err:
+                errors.append(str(err))
+        return 0.0
+
+    _play(streaming, [{"prompt": "p"}])
+    assert "streaming is not supported" in errors[0] and "n must be 1" in errors[1]
+
+
+def test_an_async_agent_gets_an_async_client():
+    async def agent(client, row):
+        reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        return 1.0 if reply.choices[0].message.content == "yes" else 0.0
+
+    c, ep = _play(agent, [{"prompt": "p"}], n=2, reply=lambda prompt: "yes")
+    assert ep.env_scores == [1.0, 1.0]
+    assert_sampled_ids_exactly(c, ep)
+
+
+def test_an_agent_busy_past_the_tool_timeout_is_abandoned_and_the_others_go_on():
+    def agent(client, row):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        if row["prompt"] == "slow":
+            time.sleep(3)
+        return 1.0
+
+    t0 = time.monotonic()
+    c, ep = _play(agent, [{"prompt": "slow"}, {"prompt": "fast"}], reply=lambda prompt: "y", tool_timeout_s=0.5)
+    assert time.monotonic() - t0 < 2.5
+    assert ep.env_scores == [0.0, 1.0] and ep.metrics["episode/timeouts"] == 1
+    assert ep.exp.truncated.tolist() == [True, False]
+
+
+def test_an_agent_that_never_calls_the_model_is_an_empty_row():
+    c, ep = _play(lambda client, row: 0.5, [{"prompt": "p"}])
+    assert ep.env_scores == [0.5] and ep.exp.response_mask.sum() == 0 and ep.exp.prompt_mask.sum() == 1
