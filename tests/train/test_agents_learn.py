@@ -29,3 +29,37 @@ def test_tiny_guess_learns_to_play(capfd, tmp_path):
     ev = json.loads((run / "eval.json").read_text())          # greedy episodes before and after
     assert set(ev["before_episode"]) == set(ev["after_episode"]) == {"turns_mean", "tool_calls_mean"}
     assert ev["after_episode"]["tool_calls_mean"] == 0        # a turns environment has no tools
+
+
+def test_the_same_game_as_an_openai_client_agent_trains_identically(capfd, tmp_path):
+    """recipes/tiny-guess-agent.yaml: builtin:guess rewritten as ordinary OpenAI-client code
+    (recipes/guess_agent.py). Through rltune's recording endpoint its episodes are the class
+    environment's token for token (same prompts, same lockstep batches, same environment turns,
+    same bounds), so the two runs log the same numbers, step for step."""
+    runs = {}
+    for name in ("tiny-guess", "tiny-guess-agent"):
+        run = tmp_path / name
+        res = run_inproc(capfd, "train", str(ROOT / "recipes" / f"{name}.yaml"), f"trainer.output_dir={run}",
+                         "trainer.max_steps=3", "trainer.eval_every=0", "--resume", "never")
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs[name] = read_metrics(run)
+    timing = ("timing/", "throughput/", "episode/env_time_s")
+    for a, b in zip(runs["tiny-guess"], runs["tiny-guess-agent"], strict=True):
+        same = {k: v for k, v in a.items() if not k.startswith(timing)}
+        assert same == {k: b[k] for k in same}
+    assert sum(x["episode/turns_mean"] for x in runs["tiny-guess-agent"]) > 0
+
+
+def test_an_openai_client_agent_learns_to_play(capfd, tmp_path):
+    """The agent's own reward (what run() returns) rises through the CLI, as the class's does."""
+    run = tmp_path / "run"
+    res = run_inproc(capfd, "train", str(ROOT / "recipes" / "tiny-guess-agent.yaml"), f"trainer.output_dir={run}",
+                     "trainer.eval_every=30", "--resume", "never")
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = read_metrics(run)
+    mean = lambda rows, k: statistics.fmean(x[k] for x in rows)  # noqa: E731
+    assert mean(m[:5], "reward/env") < 0.01 < mean(m[-5:], "reward/env"), [x["reward/env"] for x in m]
+    assert mean(m[:5], "episode/turns_mean") < 0.5 < 2.0 < mean(m[-5:], "episode/turns_mean")
+    assert all(x["episode/env_crashes"] == 0 and x["episode/prefix_breaks"] == 0 for x in m)
+    ev = json.loads((run / "eval.json").read_text())          # greedy episodes through the endpoint too
+    assert ev["after_episode"]["turns_mean"] > ev["before_episode"]["turns_mean"]

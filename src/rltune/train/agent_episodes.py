@@ -38,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..agents.agent import AgentSession, make_client
+from ..agents.agent import AgentSession, Clients
 from ..agents.env import EnvError
 from ..agents.proxy import BadRequest, ChatProxy, completion, error, normalise_message, reply_message, \
     request_messages, same_message
@@ -117,9 +117,10 @@ class _AgentRun:
     def play(self, episodes: list[AgentEpisode]) -> None:
         self.by_key = {e.key: e for e in episodes}
         proxy = ChatProxy(self.chat)
+        clients = Clients(CLIENT_TIMEOUT_S)
         try:
             for e in episodes:
-                client = make_client(self.fn, proxy.url(e.key), CLIENT_TIMEOUT_S)
+                client = clients.make(self.fn, proxy.url(e.key))
                 e.thread = threading.Thread(target=self._agent, args=(e, client), daemon=True,
                                             name=f"rltune-agent-{e.index}")
             now = time.monotonic()
@@ -138,6 +139,7 @@ class _AgentRun:
                     r.done.set()
                 self.pending = []
             proxy.close()
+            clients.close()
 
     def _agent(self, e: AgentEpisode, client) -> None:
         e.session.run(client, e.row)
