@@ -55,7 +55,10 @@ def recipe_for(case: dict):
     rollout = {"engine": "hf", "batch_size": PER_UPDATE, "max_new_tokens": NEW_TOKENS, "temperature": 1.0,
                "top_p": case["top_p"], "top_k": 20 if case["top_p"] < 1 else 0}
     if case["episodes"]:   # builtin:guess episodes (GuessingEngine plays): model and env turns alternate
-        rollout.update(env="builtin:guess", max_turns=3, max_episode_tokens=256)
+        # "agent": the same game as OpenAI-client code (recipes/guess_agent.py) through the recording endpoint
+        env = f"{Path(__file__).resolve().parents[2] / 'recipes' / 'guess_agent.py'}:run" if case["episodes"] == "agent" \
+            else "builtin:guess"
+        rollout.update(env=env, max_turns=3, max_episode_tokens=256)
     if case["mask_truncated"]:
         # a random tiny model almost never samples EOS: digits as stop strings end about half the rows early,
         # so the mask drops some rows and keeps others
@@ -105,10 +108,11 @@ def global_experience(recipe, updates: int):
     rows = [{"prompt": f"{a}+{a + 1}=", "answer": str(2 * a + 1), "target": a % 16 + 1} for a in range(200)]
     env = None
     if recipe.rollout.env:
-        from rltune.agents.builtin import Guess
+        from rltune.agents.env import load_env_class
         from rltune.agents.rendering import Renderer
 
-        env, engine, model = (Guess, Renderer(tok, None)), GuessingEngine(tok), engine.model
+        game = load_env_class(recipe.rollout.env)     # builtin:guess, or the agent function
+        env, engine, model = (game, Renderer(tok, None)), GuessingEngine(tok), engine.model
     c = SimpleNamespace(recipe=recipe, tokenizer=tok, rollout=engine, rewards=scripted_rewards,
                         train_set=SimpleNamespace(rows=rows, prompt_key="prompt"), dist=SimpleNamespace(is_main=False),
                         env=env, sampler=PromptSampler(len(rows), recipe.prompts_per_call, 0, shuffle=False))

@@ -86,7 +86,14 @@ EPISODE_CASES = [
     {"algo": "reinforce_pp", "kl_mode": "loss", "estimator": "abs", "agg": "token-sum", "correction": "tis",
      "precision": "bf16", "zero": 2, "ranks": 1, "epochs": 2, "updates": 2, "overlong": True, "episodes": True},
 ]
-DEFAULT_EPISODE_CASES = {0, 1}
+# the same game as an agent (run(client, row) with the OpenAI client, through the recording endpoint)
+EPISODE_CASES += [
+    {"algo": "grpo", "kl_mode": "loss", "estimator": "k3", "agg": "seq-mean-token-mean", "correction": "tis",
+     "precision": "fp32", "zero": 2, "ranks": 2, "epochs": 2, "updates": 2, "episodes": "agent"},
+    {"algo": "ppo", "kl_mode": "reward", "estimator": "k1", "agg": "token-mean", "correction": "mis",
+     "precision": "bf16", "zero": 1, "ranks": 1, "epochs": 1, "updates": 2, "lora": "d0", "episodes": "agent"},
+]
+DEFAULT_EPISODE_CASES = {0, 1, 4}
 
 
 def case_id(c: dict) -> str:
@@ -94,7 +101,7 @@ def case_id(c: dict) -> str:
                      ("" if c["ratio_level"] == "token" else f"-{c['ratio_level']}"),
                      ("-cispo" if c["policy_loss"] == "cispo" else ""), ("-masktrunc" if c["mask_truncated"] else ""),
                      ("-overlong" if c["overlong"] else ""), ("" if c["top_p"] == 1.0 else f"-topp{c['top_p']}"),
-                     ("-episodes" if c.get("episodes") else "")])
+                     ({True: "-episodes", "agent": "-agent-episodes"}.get(c.get("episodes"), ""))])
     return (f"{c['algo']}-{c['kl_mode']}-{c['estimator']}-{c['agg']}-{c['correction']}-{c['precision']}"
             f"-z{c['zero']}-r{c['ranks']}-e{c['epochs']}-u{c['updates']}{extra}")
 
