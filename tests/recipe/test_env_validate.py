@@ -28,6 +28,9 @@ rollout:
     ("envs.py:NoReset", "", 2, "has no reset(self, row) method"),
     ("envs.py:Undocumented", "", 2, "has no docstring"),
     ("envs.py:Scored", "", 0, None),
+    ("envs.py:run", "", 0, None),                                 # an agent: its return value is the reward
+    ("envs.py:arun", "", 0, None),                                # async agents too
+    ("envs.py:lonely", "", 2, "cannot be called as run(client, row)"),
 ])
 def test_environment_checked_without_running_it(cli, write, tmp_path, env, functions, code, needle):
     (tmp_path / "envs.py").write_text(textwrap.dedent('''
@@ -50,6 +53,15 @@ def test_environment_checked_without_running_it(cli, write, tmp_path, env, funct
                 return {"done": True}
             def reward(self, episode):
                 return 1.0
+
+        def run(client, row, retries=2):
+            return 1.0
+
+        async def arun(client, row):
+            return 1.0
+
+        def lonely(client):
+            return 1.0
     '''))
     path = write(BASE.format(env=env) + functions)
     got, out = cli("validate", path)

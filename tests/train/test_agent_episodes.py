@@ -44,7 +44,7 @@ class Answering:
         self.tok, self.reply = tok, reply
         self.eos_ids, self.pad_id = {tok.eos_token_id}, tok.pad_token_id
         self.batches: list[list[list[int]]] = []
-        self.sampled: dict[tuple, list[int]] = {}     # prompt ids -> the ids sampled for it
+        self.sampled: dict[tuple, list[list[int]]] = {}     # prompt ids -> the ids sampled for it, each time
 
     def _text(self, prompt: list[int]) -> str:
         if self.reply is not None:
@@ -60,7 +60,7 @@ class Answering:
             text = self._text(list(p))
             cut = text.endswith("…")
             ids = self.tok(text.rstrip("…"), add_special_tokens=False)["input_ids"] + ([] if cut else [self.tok.eos_token_id])
-            self.sampled[tuple(p)] = ids
+            self.sampled.setdefault(tuple(p), []).append(ids)
             rows.append(ids)
         B, T = len(rows), max(len(r) for r in rows)
         response = torch.full((B, T), self.pad_id, dtype=torch.long)
@@ -86,7 +86,8 @@ def _play(agent, rows, n=1, reply=None, **rollout):
 
 
 def assert_sampled_ids_exactly(c, ep):
-    """Every trained run of every episode is what the engine sampled for exactly the ids before it."""
+    """Every trained run of every episode is what the engine sampled for exactly the ids before it
+    (`c.rollout.sampled`: prompt ids -> every sample drawn for them)."""
     exp = ep.exp
     for b in range(exp.size):
         prompt = exp.prompt_ids[b][exp.prompt_mask[b].bool()].tolist()
@@ -97,8 +98,10 @@ def assert_sampled_ids_exactly(c, ep):
             if trained[p] == 0:
                 p += 1
                 continue
-            want = c.rollout.sampled[tuple(prompt + ids[:p])]
-            assert ids[p:p + len(want)] == want[:n - p]
+            # one of the samples drawn for exactly these ids (episodes may share a prompt)
+            options = [w for w in c.rollout.sampled[tuple(prompt + ids[:p])] if ids[p:p + len(w)] == w[:n - p]]
+            assert options, (b, p)
+            want = options[0]
             assert trained[p:p + len(want)] == [1.0] * min(len(want), n - p)
             p += len(want)
 
@@ -255,3 +258,17 @@ def test_an_agent_busy_past_the_tool_timeout_is_abandoned_and_the_others_go_on()
 def test_an_agent_that_never_calls_the_model_is_an_empty_row():
     c, ep = _play(lambda client, row: 0.5, [{"prompt": "p"}])
     assert ep.env_scores == [0.5] and ep.exp.response_mask.sum() == 0 and ep.exp.prompt_mask.sum() == 1
+
+
+def test_an_agent_is_loaded_from_its_spec_and_is_not_isolated(tmp_path):
+    from rltune.agents.env import EnvError, kind_of, load_env_class
+    from rltune.models.loading import load_tokenizer
+    from rltune.train.episodes import load_environment
+
+    (tmp_path / "agent.py").write_text("def run(client, row):\n    return 1.0\n\ndef bad(client):\n    return 1.0\n")
+    fn = load_env_class("agent.py:run", tmp_path)
+    assert kind_of(fn) == "agent"
+    with pytest.raises(EnvError, match=r"cannot be called as run\(client, row\)"):
+        load_env_class("agent.py:bad", tmp_path)
+    with pytest.raises(EnvError, match="rollout.env_isolate is for environment classes"):
+        load_environment(_recipe(env_isolate=True), load_tokenizer(TOKENIZER), tmp_path)

@@ -66,6 +66,59 @@ def test_token_ids_in_token_ids_and_the_actors_log_probs_out(served):
     assert (exp.rollout_logp - _actor_logp(model, exp)).abs().max() < 1e-4
 
 
+class Recording:
+    """The server engine, keeping what it sampled for each prompt (ids as the server returned them)."""
+
+    def __init__(self, engine):
+        self.engine, self.name, self.eos_ids, self.pad_id = engine, engine.name, engine.eos_ids, engine.pad_id
+        self.sampled: dict[tuple, list[list[int]]] = {}
+
+    def generate(self, prompts, sampling):
+        out = self.engine.generate(prompts, sampling)
+        for i, p in enumerate(prompts):
+            self.sampled.setdefault(tuple(p), []).append(out.response_ids[i, :int(out.response_mask[i].sum())].tolist())
+        return out
+
+    def sleep(self):
+        pass
+
+
+def test_an_openai_client_agent_trains_on_exactly_what_the_server_sampled(served):
+    """rollout.env naming an agent (run(client, row) with the OpenAI client): each of its chat
+    requests becomes one token-in/token-out request to the server; the episode's trained ids are
+    what the server returned for exactly the ids before them, with the actor's log-probs."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("openai")
+    from test_agent_episodes import assert_sampled_ids_exactly
+
+    from rltune.agents.rendering import Renderer
+    from rltune.train.episodes import play
+
+    def agent(client, row):
+        messages = [{"role": "user", "content": "x"}]
+        for _ in range(3):
+            reply = client.chat.completions.create(model="policy", messages=messages)
+            if reply.choices[0].finish_reason == "length":
+                return 0.0
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                         {"role": "user", "content": "y"}]
+        return 1.0
+
+    from rltune.models.loading import load_tokenizer
+
+    engine, model = served
+    tok = load_tokenizer("builtin:tiny-llama")
+    c = SimpleNamespace(recipe=_recipe(env="agent.py:run", max_turns=3, max_new_tokens=16, max_episode_tokens=96),
+                        tokenizer=tok, rollout=Recording(engine), env=(agent, Renderer(tok)))
+    ep = play(c, [{"prompt": "x"}] * 16, "prompt", 2)
+    assert_sampled_ids_exactly(c, ep)
+    exp = ep.exp
+    assert float((exp.response_mask - exp.loss_mask).sum()) > 0          # some episodes went on past a turn
+    trained = exp.loss_mask.bool()
+    assert float((exp.rollout_logp - _actor_logp(model, exp))[trained].abs().max()) < 1e-4
+
+
 def test_a_sync_makes_the_server_follow_the_actor_and_moves_the_weight_version(served):
     from rltune.rollout.base import Sampling
 
