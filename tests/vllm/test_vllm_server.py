@@ -143,6 +143,50 @@ def test_a_sync_makes_the_server_follow_the_actor_and_moves_the_weight_version(s
     assert engine.stale_samples == 0
 
 
+def test_weights_over_a_gloo_group_reach_an_attached_server(tmp_path):
+    """rollout.server.weight_transfer: gloo, the backend for a server on another machine: a
+    server started with rltune_gloo, attached to by url (as from another machine; its trainer
+    address given), follows the actor after a sync as the file backend's does. A mismatched
+    backend is refused at start, naming the one to use."""
+    from transformers import AutoModelForCausalLM
+
+    from rltune.models import resolve_model_dir
+    from rltune.models.loading import load_tokenizer
+    from rltune.rollout.base import Sampling
+    from rltune.rollout.server import ServerError
+    from rltune.rollout.vllm_server import VLLMServerRollout
+
+    d = resolve_model_dir("builtin:tiny-llama")
+    tok = load_tokenizer(d)
+    owner = VLLMServerRollout(d, tok, _recipe(server={"weight_transfer": "gloo", "request_timeout_s": 30.0}).rollout,
+                              max_len=128, log_dir=tmp_path)
+    try:
+        cfg = _recipe(server={"url": owner.base_url, "weight_transfer": "gloo", "trainer_address": "127.0.0.1",
+                              "request_timeout_s": 30.0}).rollout
+        engine = VLLMServerRollout(d, tok, cfg, max_len=128)
+        model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.5)
+        engine.sync_bucket_bytes = 64 << 10     # several broadcasts in one update
+        version = int(engine.weight_version() if engine.weight_version().isdigit() else 0)
+        assert engine.sync_weights(model) > 0 and engine.weight_version() == str(version + 1)
+        greedy = engine.generate(PROMPTS, Sampling(n=1, max_new_tokens=6, greedy=True))
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=6, do_sample=False)[0, 4:]
+        n = int(greedy.response_mask[0].sum())
+        assert greedy.response_ids[0, :n].tolist() == hf[:n].tolist()
+        sampled = engine.generate(PROMPTS, Sampling(n=2, max_new_tokens=6))
+        assert (sampled.rollout_logp - _actor_logp(model, sampled)).abs().max() < 1e-4
+        engine.close()
+        wrong = _recipe(server={"url": owner.base_url, "weight_transfer": "file", "request_timeout_s": 30.0}).rollout
+        with pytest.raises(ServerError, match="backend must be rltune_file for rollout.server.weight_transfer: file"):
+            VLLMServerRollout(d, tok, wrong, max_len=128)
+    finally:
+        owner.close()
+
+
 def test_a_server_that_stops_answering_fails_the_sync_within_its_timeout(served):
     from rltune.rollout.server import ServerError
 

@@ -36,6 +36,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def route_address(url: str) -> str:
+    """The address of this machine on the route to `url`'s host (what that host reaches us at):
+    127.0.0.1 for a local server; otherwise the source address the OS picks (no packet is sent)."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or "127.0.0.1"
+    if host in ("localhost", "127.0.0.1", "::1"):
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
 def log_tail(path: Path | None, lines: int = 20, max_bytes: int = 64 << 10) -> str:
     """The last `lines` lines of a log file (reading at most its last `max_bytes`), or ''."""
     if path is None:

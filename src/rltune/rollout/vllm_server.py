@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .base import Sampling
-from .server import ServerError, ServerProcess, call, free_port, healthy
+from .server import ServerError, ServerProcess, call, free_port, healthy, route_address
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SYNC_BUCKET_BYTES = 512 << 20   # weights per /update_weights call (one safetensors file)
@@ -90,20 +90,56 @@ class VLLMServerRollout:
             env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
             self.process = ServerProcess(cmd, self.base_url, self.log, env, srv.startup_timeout_s).start()
         self.init_s = time.perf_counter() - t0
+        self.transfer = srv.weight_transfer
+        self.group = self.store = None
         try:
-            self._post("/init_weight_transfer_engine", {"init_info": {}})
+            if self.transfer == "gloo":
+                self._init_gloo(srv.trainer_address)
+            else:
+                self._init_transfer({})
             self.expected_version = self.weight_version()   # the weights it loaded ("default")
         except ServerError:
             self.close()
             raise
 
+    def _init_transfer(self, init_info: dict) -> None:
+        from .vllm_plugin import BACKENDS
+
+        try:
+            self._post("/init_weight_transfer_engine", {"init_info": init_info})
+        except ServerError as err:
+            raise ServerError(f"{err}\n  hint: the server's --weight-transfer-config backend must be "
+                              f"{BACKENDS[self.transfer][0]} for rollout.server.weight_transfer: {self.transfer}") from None
+
+    def _init_gloo(self, trainer_address: str | None) -> None:
+        """rltune_gloo: a gloo group of the trainer (rank 0) and the server's workers, rendezvous
+        at a TCPStore this process serves (vllm_gloo_transfer.py)."""
+        from .vllm_gloo_transfer import join_group
+
+        workers = int(self._get("/get_world_size").get("world_size") or 1)
+        address = trainer_address or route_address(self.base_url)
+        port = free_port(address)
+        info = {"master_address": address, "master_port": port, "rank_offset": 1, "world_size": workers + 1,
+                "timeout_s": self.timeout_s}
+        joined = self.pool.submit(self._init_transfer, info)   # the workers join while this process does
+        try:
+            self.store, self.group = join_group(address, port, 0, workers + 1, self.timeout_s, is_master=True)
+        except Exception as err:  # noqa: BLE001 - a group that never forms: the server's side says why
+            if joined.done() and joined.exception() is not None:
+                raise joined.exception() from None
+            raise ServerError(f"the rollout server's workers did not join the weight-transfer group at "
+                              f"{address}:{port} within {self.timeout_s:g} s ({type(err).__name__})\n  fix: set "
+                              "rollout.server.trainer_address to an address the server can reach this machine at"
+                              ) from None
+        joined.result()
+
     def _command(self, model_dir: str, srv, port: int, precision: str, seed, trust_remote_code: bool) -> list[str]:
-        from .vllm_plugin import BACKEND
+        from .vllm_plugin import BACKENDS
 
         cmd = [sys.executable, "-c", SERVE, "--model", model_dir, "--served-model-name", "policy",
                "--host", srv.host, "--port", str(port), "--dtype", _DTYPES[precision],
                "--seed", str(0 if seed is None else int(seed)), "--max-model-len", str(self.max_model_len),
-               "--enable-scale-out", "--weight-transfer-config", '{"backend": "%s"}' % BACKEND,
+               "--enable-scale-out", "--weight-transfer-config", '{"backend": "%s"}' % BACKENDS[srv.weight_transfer][0],
                "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1", "--enable-prefix-caching",
                "--disable-log-stats", "--disable-uvicorn-access-log",
                "--tensor-parallel-size", str(int(self.cfg.tensor_parallel_size))]
@@ -218,6 +254,38 @@ class VLLMServerRollout:
         return self.last_sync_ms
 
     def _send_bucket(self, tensors: dict) -> None:
+        """One bucket of weights -> one `/update_weights` call (a file, or a gloo broadcast)."""
+        (self._send_gloo if self.transfer == "gloo" else self._send_file)(tensors)
+
+    def _send_gloo(self, tensors: dict) -> None:
+        """One flat byte buffer (64-byte aligned tensors), broadcast to the workers while they
+        take the `/update_weights` call that describes it."""
+        import torch
+
+        from .vllm_gloo_transfer import broadcast
+
+        names, dtypes, shapes, offsets, total = [], [], [], [], 0
+        for name, t in tensors.items():
+            names.append(name)
+            dtypes.append(str(t.dtype).removeprefix("torch."))
+            shapes.append(list(t.shape))
+            offsets.append(total)
+            total += -(-t.numel() * t.element_size() // 64) * 64
+        buf = torch.empty(total, dtype=torch.uint8)
+        for t, offset in zip(tensors.values(), offsets):
+            n = t.numel() * t.element_size()
+            buf[offset:offset + n] = t.reshape(-1).view(torch.uint8)
+        info = {"names": names, "dtypes": dtypes, "shapes": shapes, "offsets": offsets, "nbytes": total}
+        taken = self.pool.submit(self._post, "/update_weights", {"update_info": info})
+        work = broadcast(self.group, buf)
+        while not work.is_completed():           # a refused update fails now, not at the group's timeout
+            if taken.done() and taken.exception() is not None:
+                raise taken.exception()
+            time.sleep(0.002)
+        work.wait()
+        taken.result()
+
+    def _send_file(self, tensors: dict) -> None:
         """One safetensors file (in /dev/shm where there is one) -> one `/update_weights` call."""
         from safetensors.torch import save_file
 
@@ -241,6 +309,12 @@ class VLLMServerRollout:
         pass
 
     def close(self) -> None:
+        if getattr(self, "group", None) is not None and self.process is None:   # attached: let it drop our group
+            try:
+                call(self.base_url, "POST", "/shutdown_weight_transfer_engine", None, min(self.timeout_s, 10.0), None)
+            except ServerError:
+                pass
+        self.group = self.store = None
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.process is not None:
             self.process.stop()
