@@ -45,6 +45,9 @@ CASES = [
      "set rollout.lora_sync: merged", ["rollout.engine=vllm-server", LORA]),
     ("vllm-server-unsupported", MINIMAL, ["rollout.server={port: 8000}"], "error",
      "set rollout.engine: vllm-server", ["rollout.server={port: 8000}", "rollout.engine=vllm-server"]),
+    ("vllm-server-unsupported", MINIMAL, ["rollout.engine=vllm-server", "rollout.server.trainer_address=10.0.0.2"],
+     "error", "set rollout.server.weight_transfer: gloo",
+     ["rollout.engine=vllm-server", "rollout.server.trainer_address=10.0.0.2", "rollout.server.weight_transfer=gloo"]),
 ]
 
 

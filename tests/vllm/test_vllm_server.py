@@ -66,6 +66,28 @@ def test_token_ids_in_token_ids_and_the_actors_log_probs_out(served):
     assert (exp.rollout_logp - _actor_logp(model, exp)).abs().max() < 1e-4
 
 
+def test_stop_strings_end_responses_where_they_appear(served):
+    """rollout.stop with the server: a response ends with the first stop string (kept), its ids
+    and log-probs still the sampled ones and the actor's."""
+    from rltune.models.loading import load_tokenizer
+    from rltune.rollout.base import Sampling
+
+    engine, model = served
+    tok = load_tokenizer("builtin:tiny-llama")
+    stops = tuple("aeiou")
+    exp = engine.generate(PROMPTS, Sampling(n=8, max_new_tokens=16, stop=stops))
+    ended = 0
+    for b in range(exp.size):
+        n = int(exp.response_mask[b].sum())
+        text = tok.decode(exp.response_ids[b, :n].tolist(), skip_special_tokens=True)
+        hits = [text.find(x) for x in stops if x in text]
+        if hits:                                          # the first stop string ends it, kept
+            assert min(hits) == len(text) - 1, text
+            ended += 1
+    assert ended > 0
+    assert (exp.rollout_logp - _actor_logp(model, exp)).abs().max() < 1e-4
+
+
 class Recording:
     """The server engine, keeping what it sampled for each prompt (ids as the server returned them)."""
 
@@ -210,7 +232,7 @@ def _server_pid(engine) -> int:
     return int(children[0])
 
 
-def test_tiny_grpo_learns_through_the_server_and_leaves_none_behind(tmp_path):
+def test_tiny_grpo_learns_through_the_server_resumes_and_leaves_none_behind(tmp_path):
     from rltune.rollout.server import healthy
 
     path = tiny_recipe(tmp_path, "tiny-grpo.yaml", rollout__engine="vllm-server", trainer__max_steps=16,
@@ -226,6 +248,22 @@ def test_tiny_grpo_learns_through_the_server_and_leaves_none_behind(tmp_path):
     assert all(x["rollout/stale_samples"] == 0 for x in m)
     assert (tmp_path / "run" / "rollout-server.log").stat().st_size > 0
 
+    # resume (4 more steps): a fresh server gets the trained weights before its first rollout, so
+    # its log-probs are the actor's (a server left on the base weights would be far off) and the
+    # reward goes on from where it was, not from a fresh policy's
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text())
+    data["trainer"]["max_steps"] = 20
+    Path(path).write_text(yaml.safe_dump(data))
+    res = run_cli("train", path, "--resume", "auto")
+    assert res.returncode == 0, res.stderr[-4000:]
+    m = read_metrics(tmp_path / "run")
+    assert [x["step"] for x in m] == list(range(1, 21))
+    resumed = m[16:]
+    assert max(x["rollout/logprob_diff_mean"] for x in resumed) < 0.02, [x["rollout/logprob_diff_mean"] for x in resumed]
+    assert resumed[0]["reward/mean"] > sum(rewards[:3]) / 3 + 0.2, (resumed[0]["reward/mean"], rewards)
+
 
 def test_episodes_through_the_server_stay_in_sync(tmp_path):
     """rollout.env with vllm-server (recipes/tiny-guess.yaml): each turn is a generation request
@@ -236,4 +274,27 @@ def test_episodes_through_the_server_stay_in_sync(tmp_path):
     assert res.returncode == 0, res.stderr[-4000:]
     m = read_metrics(tmp_path / "run")
     assert sum(x["episode/turns_mean"] for x in m) > 0 and any(x["episode/env_token_frac"] > 0 for x in m)
+    assert max(x["rollout/logprob_diff_mean"] for x in m) < 0.02
+
+
+@pytest.mark.slow
+def test_two_ranks_each_start_a_server_and_learn(tmp_path):
+    """--nproc 2 with vllm-server: every rank starts its own server (its own log), syncs its own
+    weights into it after every step and samples its share of the prompts there; the run learns
+    and no server outlives it. (2 ranks == 1 rank on fixed experience is the matrix's business:
+    the servers draw their own samples.)"""
+    from rltune.rollout.server import healthy
+
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", rollout__engine="vllm-server", trainer__max_steps=12,
+                       trainer__eval_every=12, trainer__seed=1)
+    res = run_cli("train", path, "--nproc", "2", timeout=1200)
+    assert res.returncode == 0, res.stderr[-4000:]
+    run = tmp_path / "run"
+    assert (run / "rollout-server.log").stat().st_size > 0 and (run / "rollout-server-rank1.log").stat().st_size > 0
+    for log in ("rollout-server.log", "rollout-server-rank1.log"):
+        port = re.search(r"http://[\d.]+:(\d+)", (run / log).read_text())
+        assert port is None or not healthy(f"http://127.0.0.1:{port.group(1)}")
+    m = read_metrics(run)
+    rewards = [x["reward/mean"] for x in m]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
     assert max(x["rollout/logprob_diff_mean"] for x in m) < 0.02

