@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import statistics
 
+import pytest
+
 from trainlib import ROOT, read_metrics, run_inproc
 
 
@@ -50,8 +52,10 @@ def test_the_same_game_as_an_openai_client_agent_trains_identically(capfd, tmp_p
     assert sum(x["episode/turns_mean"] for x in runs["tiny-guess-agent"]) > 0
 
 
+@pytest.mark.slow
 def test_an_openai_client_agent_learns_to_play(capfd, tmp_path):
-    """The agent's own reward (what run() returns) rises through the CLI, as the class's does."""
+    """The agent's own reward (what run() returns) rises through the CLI, as the class's does
+    (slow: ~2 min; the default suite has the step-for-step equality with the class above)."""
     run = tmp_path / "run"
     res = run_inproc(capfd, "train", str(ROOT / "recipes" / "tiny-guess-agent.yaml"), f"trainer.output_dir={run}",
                      "trainer.eval_every=30", "--resume", "never")
