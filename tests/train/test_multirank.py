@@ -24,7 +24,7 @@ def one_rank(tmp_path_factory):
     return read_metrics(tmp / "run")
 
 
-@pytest.mark.parametrize("launcher,shows", [("torchrun", "torch.distributed.run --nproc_per_node 2"),
+@pytest.mark.parametrize("launcher,shows", [("torchrun", "rltune.train.torchrun --nproc_per_node 2"),
                                             ("deepspeed", "deepspeed.launcher.runner --num_gpus 2")])
 def test_two_ranks_match_one(one_rank, recipe_factory, tmp_path, launcher, shows):
     common = dict(rollout__do_sample=False, trainer__max_steps=3, trainer__eval_every=0)

@@ -6,49 +6,20 @@ for `async def run`) whose base URL is the recording endpoint of agents/proxy.py
 episode's data row. Whatever it does between its `client.chat.completions.create(...)` calls
 (tools, a sandbox, a simulator) is the environment; what it returns is the episode's reward.
 
-`AgentSession` carries the counters an episode reports (the ones `Session` has, env.py), and
-`check_agent_def` lets `validate` check the function's signature from the file's text.
+`AgentSession` carries the counters an episode reports (the ones `Session` has, env.py);
+`Clients` builds the OpenAI clients. Recognising and checking an agent function (is_agent,
+check_agent, and check_agent_def for `validate`) lives in env.py, which loads every `rollout.env`.
 """
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import inspect
 import math
 import numbers
 import time
 
-from .env import EnvError
-
-SIGNATURE_FIX = "define it as `def run(client, row):` returning the episode's reward (a float)"
-
-
-def is_agent(obj) -> bool:
-    """Whether a loaded `rollout.env` object is an agent function (a class is an environment)."""
-    return (inspect.isfunction(obj) or inspect.ismethod(obj)) and not isinstance(obj, type)
-
-
-def check_agent(fn) -> None:
-    """EnvError unless `fn` can be called as fn(client, row)."""
-    try:
-        inspect.signature(fn).bind(object(), object())
-    except TypeError:
-        raise EnvError(f"agent function {fn.__qualname__}{inspect.signature(fn)} cannot be called as "
-                       "run(client, row)", SIGNATURE_FIX) from None
-
-
-def check_agent_def(node: ast.FunctionDef | ast.AsyncFunctionDef, target: str) -> str | None:
-    """A problem with an agent function, judged from its text (validate), or None."""
-    a = node.args
-    positional = a.posonlyargs + a.args
-    required_kw = [k.arg for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
-    if (len(positional) < 2 and not a.vararg) or required_kw or (
-            len(positional) - len(a.defaults) > 2):
-        return (f"agent function `{node.name}` in `{target}` cannot be called as run(client, row): "
-                + SIGNATURE_FIX)
-    return None
-
+from .env import EnvError, check_agent, check_agent_def, is_agent  # noqa: F401 - re-exported
 
 class Clients:
     """The OpenAI clients of one batch of episodes: sync ones share one HTTP connection pool

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 import math
 import numbers
 import sys
@@ -65,8 +66,6 @@ def load_env_class(spec: str, base_dir: Path | None = None) -> type:
     if cls is None:
         raise EnvError(f"{target} has no {class_name!r} (from rollout.env: {spec})",
                        f"define class {class_name} in {target}, or name the class it defines")
-    from .agent import check_agent, is_agent
-
     if is_agent(cls):          # an agent: run(client, row) -> reward (agents/agent.py)
         check_agent(cls)
         return cls
@@ -122,8 +121,6 @@ def kind_of(cls: type) -> str:
     """The shape of an environment class: "turns" when it has step(), "tools" when it has tool
     methods, "agent" for a function run(client, row) (agents/agent.py); EnvError when it is
     none of these, has no reset(), or its step is not callable."""
-    from .agent import is_agent
-
     if is_agent(cls):
         return "agent"
     if not isinstance(cls, type):
@@ -142,9 +139,38 @@ def kind_of(cls: type) -> str:
 
 def gives_reward(cls: type) -> bool:
     """Whether the environment class defines its own reward() (an agent's run() returns one)."""
-    from .agent import is_agent
-
     return is_agent(cls) or callable(getattr(cls, "reward", None))
+
+
+# ---------------------------------------------------------------- agent functions (agents/agent.py runs them)
+
+SIGNATURE_FIX = "define it as `def run(client, row):` returning the episode's reward (a float)"
+
+
+def is_agent(obj) -> bool:
+    """Whether a loaded `rollout.env` object is an agent function (a class is an environment)."""
+    return (inspect.isfunction(obj) or inspect.ismethod(obj)) and not isinstance(obj, type)
+
+
+def check_agent(fn) -> None:
+    """EnvError unless `fn` can be called as fn(client, row)."""
+    try:
+        inspect.signature(fn).bind(object(), object())
+    except TypeError:
+        raise EnvError(f"agent function {fn.__qualname__}{inspect.signature(fn)} cannot be called as "
+                       "run(client, row)", SIGNATURE_FIX) from None
+
+
+def check_agent_def(node: ast.FunctionDef | ast.AsyncFunctionDef, target: str) -> str | None:
+    """A problem with an agent function, judged from its text (validate), or None."""
+    a = node.args
+    positional = a.posonlyargs + a.args
+    required_kw = [k.arg for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
+    if (len(positional) < 2 and not a.vararg) or required_kw or (
+            len(positional) - len(a.defaults) > 2):
+        return (f"agent function `{node.name}` in `{target}` cannot be called as run(client, row): "
+                + SIGNATURE_FIX)
+    return None
 
 
 # ---------------------------------------------------------------- validate: read, never run
@@ -176,8 +202,6 @@ def check_env_file(spec: str, base_dir: Path | None) -> str | None:
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     if class_name in functions and class_name not in classes:   # an agent: run(client, row)
-        from .agent import check_agent_def
-
         return check_agent_def(functions[class_name], target)
     if class_name not in classes:
         if _may_bind(tree, class_name):

@@ -10,7 +10,7 @@ recording endpoint (agents/proxy.py), one URL per episode. The trainer's thread:
      longer), then samples the waiting requests in one `generate` call, in episode order (the
      same batches for the same seed), and hands each its turn;
   3. abandons an agent that runs on its own past rollout.tool_timeout_s (`episode/timeouts`);
-  4. when every agent has returned: the episodes as rows, as train/episodes.py builds them.
+  4. when every agent has returned: the episodes as rows, as train/episodes.py builds them (episode_rows.py).
 
 Each request joins its episode token-in, token-out, as a class environment's turns do:
   - the first request's messages, rendered with the policy's chat template (and the request's
@@ -20,7 +20,7 @@ Each request joins its episode token-in, token-out, as a class environment's tur
     what the rest adds after it is the environment's turn (attended, never trained);
   - a request that does not extend it (the agent rewrote its history, or began another
     conversation) is a prefix break: the episode goes on as a new sample from that request,
-    the turns before it context, not trained (episodes.restart);
+    the turns before it context, not trained (episode_rows.restart);
   - rollout.max_turns, max_new_tokens and max_episode_tokens bound the episode as for a class
     environment: a turn that runs out of tokens is answered with finish_reason "length" and ends
     the episode; a request after the end gets an error ("episode_ended"), and an agent that
@@ -44,7 +44,7 @@ from ..agents.proxy import BadRequest, ChatProxy, completion, error, normalise_m
     request_messages, same_message
 from ..agents.rendering import Renderer
 from ..rollout.base import Sampling
-from .episodes import Episode, Played, append_turn, episode_metrics, experience, restart, sampled
+from .episode_rows import Episode, Played, append_turn, episode_metrics, experience, restart, sampled
 from .prompts import prompt_text
 
 LOG = logging.getLogger("rltune")

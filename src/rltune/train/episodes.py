@@ -25,48 +25,12 @@ conversation; an environment that defines `reward` adds its score (source `env`)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
 
 from ..rollout.base import Sampling
 from ..rollout.experience import Experience
+from .episode_rows import Episode, Played, append_turn, episode_metrics, experience, restart, sampled
 from .prompts import prompt_messages, prompt_text
-
-
-@dataclass
-class Episode:
-    session: object                      # agents.env.Session
-    row: dict
-    prompt: str                          # the row's prompt text (what reward functions get as prompt)
-    messages: list[dict]                 # the conversation so far
-    prompt_ids: list[int]
-    seen: str                            # the text of prompt_ids + tokens, as rendered
-    tokens: list[int] = field(default_factory=list)      # response side: every turn after the prompt
-    trained: list[float] = field(default_factory=list)   # 1 = sampled by the model
-    logp: list[float] = field(default_factory=list)      # rollout log-prob of sampled tokens, 0 elsewhere
-    limit: int = 0                       # most tokens this sample's response side may hold
-    spent: int = 0                       # response-side tokens of the samples before a prefix break
-    last_text: str = ""                  # the last assistant message
-    answered: bool = False               # the last assistant turn ended (EOS): an answer, not a cut-off
-    done: bool = False
-    truncated: bool = False
-    breaks: int = 0                      # prefix breaks: the sample restarted from a re-rendered prompt
-    untrained: int = 0                   # model tokens that became context at a break
-
-
-@dataclass
-class Played:
-    """Finished episodes as the step needs them (B = episodes, prompt-major in groups)."""
-    exp: Experience
-    prompts: list[str]
-    completions: list[str]               # the last assistant message of each episode ("" when it was cut
-                                         # off before its EOS: no answer)
-    rows: list[dict]
-    conversations: list[list[dict]]      # the whole conversation of each episode
-    env_scores: list[float] | None       # the environment's reward, where it defines one
-    metrics: dict
 
 
 def load_environment(recipe, tokenizer, recipe_dir: Path):
@@ -165,91 +129,6 @@ def _take_turn(e: Episode, out: Experience, i: int, eos: set, tok, render, ro, m
     e.trained += [0.0] * len(env_ids)
     e.logp += [0.0] * len(env_ids)
     e.seen += env_text
-
-
-def sampled(out: Experience, i: int) -> tuple[list[int], list[float]]:
-    """(ids, log-probs) of row `i` of a `generate` result, without its padding."""
-    length = int(out.response_mask[i].sum())
-    ids = out.response_ids[i, :length].tolist()
-    logp = out.rollout_logp[i, :length].tolist() if out.rollout_logp is not None else [0.0] * length
-    return ids, logp
-
-
-def append_turn(e: Episode, ids: list[int], logp: list[float], eos: set, tok) -> None:
-    """The model's turn, exactly as sampled (cut to the episode's room), on the end of `e`:
-    trained ids and their log-probs, the text seen, the assistant message (its text without
-    EOS), and whether it is an answer (it ended with EOS, uncut)."""
-    room = e.limit - len(e.tokens)
-    cut = len(ids) > room
-    ids, logp = ids[:room], logp[:room]
-    e.tokens += ids
-    e.trained += [1.0] * len(ids)
-    e.logp += logp
-    ended = bool(ids) and ids[-1] in eos
-    e.last_text = tok.decode([t for t in ids if t not in eos], skip_special_tokens=False)
-    e.seen += tok.decode(ids, skip_special_tokens=False)
-    e.messages = e.messages + [{"role": "assistant", "content": e.last_text}]
-    e.answered = ended and not cut
-
-
-def restart(e: Episode, render, ro, max_prompt: int) -> None:
-    """A prefix break: the episode goes on as a new sample whose prompt is the conversation
-    re-rendered (what the template shows the model now). The turns so far become context, not
-    trained. The episode keeps its token budget (rollout.max_episode_tokens over all its
-    samples) and the row its length bound (data.max_prompt_length + max_episode_tokens)."""
-    text = render.text(e.messages)
-    ids = render.ids(text)
-    e.spent += len(e.tokens)
-    e.breaks += 1
-    e.untrained += int(sum(e.trained))
-    e.prompt_ids, e.seen, e.tokens, e.trained, e.logp = ids, text, [], [], []
-    e.limit = min(ro.max_episode_tokens - e.spent, max_prompt + ro.max_episode_tokens - len(ids))
-    if e.limit <= 0:                   # no room left for another turn
-        e.done = e.truncated = True
-
-
-def experience(episodes: list[Episode], pad_id: int) -> Experience:
-    """The batch: prompts left-padded, every episode's turns right-padded; `loss_mask` marks the
-    model's tokens, `response_mask` every real one."""
-    B = len(episodes)
-    P = max(len(e.prompt_ids) for e in episodes)
-    T = max(1, max(len(e.tokens) for e in episodes))
-    prompt_ids = torch.full((B, P), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((B, P), dtype=torch.long)
-    response_ids = torch.full((B, T), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((B, T))
-    loss_mask = torch.zeros((B, T))
-    logp = torch.zeros((B, T))
-    for b, e in enumerate(episodes):
-        p, t = len(e.prompt_ids), len(e.tokens)
-        prompt_ids[b, P - p:] = torch.tensor(e.prompt_ids, dtype=torch.long)
-        prompt_mask[b, P - p:] = 1
-        if t:
-            response_ids[b, :t] = torch.tensor(e.tokens, dtype=torch.long)
-            response_mask[b, :t] = 1.0
-            loss_mask[b, :t] = torch.tensor(e.trained)
-            logp[b, :t] = torch.tensor(e.logp)
-    return Experience(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-                      response_mask=response_mask, loss_mask=loss_mask, rollout_logp=logp,
-                      truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool))
-
-
-def episode_metrics(episodes: list[Episode]) -> dict:
-    """Sums over this rank's episodes (the step adds the ranks and divides)."""
-    s = [e.session for e in episodes]
-    return {"episode/count": float(len(episodes)),
-            "episode/turns": float(sum(x.turns for x in s)),
-            "episode/tool_calls": float(sum(x.tool_calls for x in s)),
-            "episode/tool_errors": float(sum(x.tool_errors + x.parse_errors for x in s)),
-            "episode/parse_errors": float(sum(x.parse_errors for x in s)),
-            "episode/timeouts": float(sum(x.timeouts for x in s)),
-            "episode/env_time_s": float(sum(x.env_time_s for x in s)),
-            "episode/truncated": float(sum(e.truncated for e in episodes)),
-            "episode/prefix_breaks": float(sum(e.breaks for e in episodes)),
-            "episode/untrained_tokens": float(sum(e.untrained for e in episodes)),
-            "episode/env_crashes": float(sum(getattr(x, "crashed", False) for x in s)),
-            "episode/model_tokens": float(sum(sum(e.trained) for e in episodes)),
-            "episode/env_tokens": float(sum(len(e.trained) - sum(e.trained) for e in episodes))}
 
 
 def finish_metrics(sums: dict, global_sum) -> dict:

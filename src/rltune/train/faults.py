@@ -13,6 +13,8 @@ Kinds:
   slow_save                the checkpoint of that step pauses after its model files are written,
                            before its manifest (RLTUNE_SLOW_SAVE_S seconds, default 30): a window to
                            interrupt a save in
+  sigterm / sigkill        the rank sends itself SIGTERM / SIGKILL as that step begins (only rank
+                           RLTUNE_FAULT_RANK where that is set): a signal or a death on one rank
 """
 
 from __future__ import annotations
@@ -42,6 +44,17 @@ class Faults:
 
     def on(self, kind: str) -> bool:
         return self.step in self.at.get(kind, ())
+
+    def signal_self(self, rank: int) -> None:
+        """The sigterm / sigkill faults of this step, on this rank."""
+        only = os.environ.get("RLTUNE_FAULT_RANK")
+        if only is not None and int(only) != rank:
+            return
+        import signal
+
+        for kind, sig in (("sigterm", signal.SIGTERM), ("sigkill", signal.SIGKILL)):
+            if self.on(kind):
+                os.kill(os.getpid(), sig)
 
     def save_pause(self, step: int) -> None:
         """Called by the checkpoint writer between the model files and the manifest."""

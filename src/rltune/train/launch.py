@@ -26,7 +26,8 @@ def launch_command(recipe, recipe_path: str, overrides: list[str], resume: str, 
         cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(t.nproc),
                "--num_nodes", str(t.nnodes), "--no_local_rank", *launcher_args, "--module", "rltune"]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(t.nproc),
+        # torchrun itself (train/torchrun.py: a failed rank is one line, not torch's traceback)
+        cmd = [sys.executable, "-m", "rltune.train.torchrun", "--nproc_per_node", str(t.nproc),
                "--nnodes", str(t.nnodes), *launcher_args]
         if t.nnodes == 1 and not any(a.startswith("--rdzv") or a.startswith("--master") for a in launcher_args):
             cmd.append("--standalone")
@@ -42,13 +43,21 @@ def launch(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, l
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(recipe.trainer.nproc, 1))))
     print("rltune: launching " + " ".join(cmd), file=sys.stderr)
     try:
-        return subprocess.call(cmd, env=env)
+        code = subprocess.call(cmd, env=env)
     except FileNotFoundError as err:
         from rltune.errors import UserError
 
         raise UserError(f"launcher {cmd[0]!r} not found: {err}; install it or set trainer.launcher: torchrun") from err
     except KeyboardInterrupt:  # the launcher forwards the signal; the ranks save and exit
         return 130
+    if code not in (0, 130):
+        from pathlib import Path
+
+        from .rundir import resume_hint
+
+        print("rltune: the job stopped because a rank failed (its own message, or the line above, says how); "
+              f"resume from the last checkpoint with: {resume_hint(None, Path(recipe_path))}", file=sys.stderr)
+    return code
 
 
 def _has_cuda() -> bool:

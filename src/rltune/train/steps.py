@@ -69,6 +69,7 @@ def _train_and_eval(run: Run, step: int, taken: int) -> tuple[dict, Any]:
         # a fault fires at the n-th step taken (the step number until a rollback sets that back; a
         # resume counts from its checkpoint's step): a step taken again after a rollback is clean
         run.faults.step = taken
+        run.faults.signal_self(run.dist.rank)
     m = train_step(c, step, run.knobs, run.gen)
     skipped = _skipped(m)
     run.skipped_in_a_row = run.skipped_in_a_row + 1 if skipped else 0
@@ -170,10 +171,19 @@ def _stop_or_save(run: Run, saving: bool) -> int | None:
     elif saving and run.rollback_on and run.step_ok and step % r.autotune.rollback_every == 0 \
             and step < r.trainer.max_steps:
         save(run, step)  # the "last good" checkpoint a rollback restores
-    if run.stop.signal is not None:
+    if _stop_requested(run):
         save(run, step)
         return EXIT_INTERRUPTED
     return None
+
+
+def _stop_requested(run: Run) -> bool:
+    """A signal on any rank stops every rank after the same step, each saving its part of that
+    step's checkpoint (one all-reduce a step; alone, a rank signalled on its own would start a save
+    while the others went on into the next step's collectives, and all would hang)."""
+    from .collective import global_max
+
+    return global_max([0.0 if run.stop.signal is None else 1.0])[0] > 0
 
 
 def _warn_overflow(m: dict, step: int) -> None:

@@ -1,0 +1,55 @@
+"""One rank of a `--nproc 2` run signalled or killed (issue 29, item 3): never a hang, never a
+raw traceback, and `--resume auto` continues.
+
+- SIGTERM to rank 1 alone: the stop request is shared (one all-reduce a step), so both ranks save
+  the same step and exit 130; resumed, the run ends where an uninterrupted one would.
+- SIGKILL of rank 1: torchrun stops rank 0; rltune says which rank died and how, and the command
+  that resumes; resumed, the step that was lost is taken again.
+Faults are the trainer's own test hooks (train/faults.py: sigterm / sigkill, RLTUNE_FAULT_RANK)."""
+
+from __future__ import annotations
+
+import json
+
+from trainlib import cli_env, read_metrics, run_cli, tiny_recipe
+
+
+def _recipe(tmp_path, **extra):
+    return tiny_recipe(tmp_path, "tiny-grpo.yaml", trainer__max_steps=4, trainer__eval_every=0, trainer__save_every=1,
+                       **extra)
+
+
+def _checkpoints(run) -> list[str]:
+    return sorted(p.name for p in (run / "checkpoints").iterdir() if (p / "manifest.json").exists())
+
+
+def test_sigterm_to_one_rank_stops_both_at_the_same_step(tmp_path):
+    path = _recipe(tmp_path)
+    env = cli_env(RLTUNE_FAULTS="sigterm@2", RLTUNE_FAULT_RANK="1")
+    res = run_cli("train", path, "--nproc", "2", "--quiet", env=env, timeout=600)
+    assert res.returncode == 130, res.stderr[-3000:]
+    run = tmp_path / "run"
+    assert [m["step"] for m in read_metrics(run)] == [1, 2]
+    assert _checkpoints(run)[-1] == "step-00000002"          # both ranks saved step 2, its manifest written
+    assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr
+    res = run_cli("train", path, "--nproc", "2", "--quiet", "--resume", "auto", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [m["step"] for m in read_metrics(run)] == [1, 2, 3, 4]
+
+
+def test_sigkill_of_one_rank_is_named_with_the_resume_command(tmp_path):
+    path = _recipe(tmp_path)
+    env = cli_env(RLTUNE_FAULTS="sigkill@3", RLTUNE_FAULT_RANK="1")
+    res = run_cli("train", path, "--nproc", "2", "--quiet", env=env, timeout=600)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "rltune: rank 1 (pid" in res.stderr and "was killed by SIGKILL" in res.stderr, res.stderr[-3000:]
+    hint = next(ln for ln in res.stderr.splitlines() if "resume from the last checkpoint with:" in ln)
+    assert "--nproc 2" in hint and "--resume auto" in hint
+    assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr
+    run = tmp_path / "run"
+    assert _checkpoints(run)[-1] == "step-00000002"
+    res = run_cli("train", path, "--nproc", "2", "--quiet", "--resume", "auto", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = [m["step"] for m in read_metrics(run)]
+    assert steps[-2:] == [3, 4] and sorted(set(steps)) == [1, 2, 3, 4]
+    assert json.loads((run / "checkpoints" / _checkpoints(run)[-1] / "state.json").read_text())["step"] == 4
