@@ -53,3 +53,22 @@ def test_sigkill_of_one_rank_is_named_with_the_resume_command(tmp_path):
     steps = [m["step"] for m in read_metrics(run)]
     assert steps[-2:] == [3, 4] and sorted(set(steps)) == [1, 2, 3, 4]
     assert json.loads((run / "checkpoints" / _checkpoints(run)[-1] / "state.json").read_text())["step"] == 4
+
+
+def test_a_stalled_rank_ends_the_job_within_the_collective_timeout(tmp_path):
+    """Rank 1 stops answering (it sleeps at step 2): rank 0's next collective gives up after
+    trainer.collective_timeout_s, saying which phase it was in; the launcher then stops rank 1.
+    Nothing is left running, and the job took about the timeout, not the stall."""
+    import time
+
+    path = _recipe(tmp_path, trainer__collective_timeout_s=15)
+    env = cli_env(RLTUNE_FAULTS="stall@2", RLTUNE_FAULT_RANK="1", RLTUNE_STALL_S="600")
+    t0 = time.monotonic()
+    res = run_cli("train", path, "--nproc", "2", "--quiet", env=env, timeout=400)
+    took = time.monotonic() - t0
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert took < 240, took
+    line = next(ln for ln in res.stderr.splitlines() if "rank 0 timed out waiting for the other ranks" in ln)
+    assert "during step 2:" in line and "collective_timeout_s: 15 s" in line, line
+    assert "resume from the last checkpoint with:" in res.stderr and "Traceback" not in res.stderr
+    assert _checkpoints(tmp_path / "run")[-1] == "step-00000001"

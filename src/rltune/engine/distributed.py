@@ -38,8 +38,10 @@ def pick_device(requested: str) -> str:
     return "cpu"
 
 
-def init_distributed(requested_device: str = "auto") -> DistInfo:
-    """Initialise torch.distributed through DeepSpeed (one process works without a launcher)."""
+def init_distributed(requested_device: str = "auto", timeout_s: float = 1800.0) -> DistInfo:
+    """Initialise torch.distributed through DeepSpeed (one process works without a launcher).
+    `timeout_s` bounds every collective: gloo raises on the waiting rank; NCCL's watchdog aborts
+    it (TORCH_NCCL_ASYNC_ERROR_HANDLING=1), so a dead or stalled peer never hangs the job."""
     device_kind = pick_device(requested_device)
     if device_kind == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -57,8 +59,11 @@ def init_distributed(requested_device: str = "auto") -> DistInfo:
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        from datetime import timedelta
+
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         deepspeed.init_distributed(dist_backend="gloo" if device_kind == "cpu" else "nccl",
-                                   verbose=False)
+                                   verbose=False, timeout=timedelta(seconds=float(timeout_s)))
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_kind == "cuda":
@@ -100,11 +105,25 @@ def shutdown_distributed(clean: bool = True) -> None:
     dist.destroy_process_group()
 
 
+PEER_LOST = ("Timed out waiting", "Connection closed by peer", "Connection reset by peer", "Read error",
+             "Watchdog caught collective operation timeout")
+
+
+def peer_failure(err: BaseException) -> str | None:
+    """How a collective failed because of another rank ("timed out" or "lost its connection"), or
+    None for any other error."""
+    text = str(err)
+    if not isinstance(err, RuntimeError) or not any(m in text for m in PEER_LOST):
+        return None
+    return "timed out waiting for the other ranks" if "Timed out" in text or "timeout" in text else \
+        "lost its connection to another rank"
+
+
 @contextmanager
-def process_group(requested_device: str = "auto"):
+def process_group(requested_device: str = "auto", timeout_s: float = 1800.0):
     """`with process_group(device) as dist:` a run's ranks, torn down when the block ends (with a
     barrier when it ends normally, without one after an exception)."""
-    dist = init_distributed(requested_device)
+    dist = init_distributed(requested_device, timeout_s)
     clean = False
     try:
         yield dist

@@ -230,7 +230,7 @@ def dry_run(recipe: Recipe, recipe_path: Path, fmt: str = "text", quiet: bool = 
         return 2
     from ..engine.distributed import process_group
 
-    with process_group(recipe.trainer.device) as dist:
+    with process_group(recipe.trainer.device, recipe.trainer.collective_timeout_s) as dist:
         return _dry_run(recipe, recipe_path, fmt, quiet, dist)
 
 

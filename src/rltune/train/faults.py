@@ -15,6 +15,8 @@ Kinds:
                            interrupt a save in
   sigterm / sigkill        the rank sends itself SIGTERM / SIGKILL as that step begins (only rank
                            RLTUNE_FAULT_RANK where that is set): a signal or a death on one rank
+  stall                    the rank sleeps RLTUNE_STALL_S seconds (default 600) as that step begins
+                           (same rank rule): a stalled peer
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class Faults:
         return self.step in self.at.get(kind, ())
 
     def signal_self(self, rank: int) -> None:
-        """The sigterm / sigkill faults of this step, on this rank."""
+        """The sigterm / sigkill / stall faults of this step, on this rank."""
         only = os.environ.get("RLTUNE_FAULT_RANK")
         if only is not None and int(only) != rank:
             return
@@ -55,6 +57,10 @@ class Faults:
         for kind, sig in (("sigterm", signal.SIGTERM), ("sigkill", signal.SIGKILL)):
             if self.on(kind):
                 os.kill(os.getpid(), sig)
+        if self.on("stall"):
+            import time
+
+            time.sleep(float(os.environ.get("RLTUNE_STALL_S", "600")))
 
     def save_pause(self, step: int) -> None:
         """Called by the checkpoint writer between the model files and the manifest."""

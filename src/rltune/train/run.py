@@ -43,7 +43,7 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
     # what was there before this run: a run that fails before its first step removes only what it made
     created, before = _made_by_us(run_dir)
     started: list = []   # _train appends when the steps begin (step 7)
-    with process_group(recipe.trainer.device) as dist:
+    with process_group(recipe.trainer.device, recipe.trainer.collective_timeout_s) as dist:
         failed = True
         try:
             stale = main_first(dist, lambda: (prepare(run_dir), lock.acquire())[1])
@@ -149,7 +149,10 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, ove
         started.append(True)
     try:
         # 7. train
-        exit_code = run_steps(run)
+        try:
+            exit_code = run_steps(run)
+        except RuntimeError as err:   # a collective that failed because another rank died or stalls
+            raise _peer_lost(err, run) from None
         # 8. finish
         if exit_code == 0:
             exit_code = _end(run)
@@ -176,6 +179,20 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, ove
     if exit_code == EXIT_INTERRUPTED:
         LOG.warning("interrupted at step %d; resume with: %s", run.step, run.hint)
     return exit_code
+
+
+def _peer_lost(err: RuntimeError, run: Run) -> BaseException:
+    """A TrainError naming this rank, the phase and the bound for a collective that failed because
+    of another rank; `err` itself for any other error."""
+    from ..engine.distributed import peer_failure
+
+    why = peer_failure(err)
+    if why is None:
+        return err
+    timeout = run.recipe.trainer.collective_timeout_s
+    return TrainError(f"rank {run.dist.rank} {why} during {run.phase} (trainer.collective_timeout_s: {timeout:g} s): "
+                      "another rank died or stalls; its own log, or the launcher's line, says which\n  fix: see "
+                      f"why that rank stopped, then resume from the last checkpoint with: {run.hint}")
 
 
 # ---------------------------------------------------------------- steps 2-6: set up

@@ -87,6 +87,7 @@ class Run:
     last_eval: Any = None            # (step, score) of the newest periodic eval: the final eval when it is at the last step
     step_ok: bool = True             # no warning/error event and no skipped update at this step: a rollback target
     saved_step: int | None = None    # the step saved last (a step is not saved twice)
+    phase: str = "starting"          # what the ranks are doing: named when a collective fails
 
     @property
     def rollback_on(self) -> bool:

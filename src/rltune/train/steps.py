@@ -11,6 +11,11 @@ from .rollback import good_checkpoint, rollback as _rollback, sync_knobs_from_tu
 from .session import EXIT_INTERRUPTED, Run, main_first, save
 
 
+# what a step is doing after each phase `loop.train_step` marks as done (named when a collective fails)
+PHASES = {"": "generation and scoring (loop steps 1-2)", "rollout": "the experience passes (loop steps 3-7)",
+          "experience": "the update (loop step 8)", "update": "the weight sync and the step's metrics (loop steps 9-10)"}
+
+
 def run_steps(run: Run) -> int:
     """7. The eval before training, then the steps until trainer.max_steps steps of progress. A
     rollback sets the step back to its checkpoint's: the steps after it are taken again (on new
@@ -70,7 +75,8 @@ def _train_and_eval(run: Run, step: int, taken: int) -> tuple[dict, Any]:
         # resume counts from its checkpoint's step): a step taken again after a rollback is clean
         run.faults.step = taken
         run.faults.signal_self(run.dist.rank)
-    m = train_step(c, step, run.knobs, run.gen)
+    run.phase = f"step {step}: {PHASES['']}"
+    m = train_step(c, step, run.knobs, run.gen, mark=lambda done: setattr(run, "phase", f"step {step}: {PHASES[done]}"))
     skipped = _skipped(m)
     run.skipped_in_a_row = run.skipped_in_a_row + 1 if skipped else 0
     m["health/skipped_steps"] = run.skipped_in_a_row
@@ -80,6 +86,7 @@ def _train_and_eval(run: Run, step: int, taken: int) -> tuple[dict, Any]:
     score = None
     if r.trainer.eval_every and (step % r.trainer.eval_every == 0 or step == r.trainer.max_steps) \
             and c.eval_set is not None:
+        run.phase = f"step {step}: the eval"
         score = evaluate(c)
         m.update(score.metrics())
         run.last_eval = (step, score)
@@ -171,6 +178,7 @@ def _stop_or_save(run: Run, saving: bool) -> int | None:
     elif saving and run.rollback_on and run.step_ok and step % r.autotune.rollback_every == 0 \
             and step < r.trainer.max_steps:
         save(run, step)  # the "last good" checkpoint a rollback restores
+    run.phase = f"step {step}: the stop check"
     if _stop_requested(run):
         save(run, step)
         return EXIT_INTERRUPTED
