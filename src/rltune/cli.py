@@ -291,6 +291,50 @@ def train(
                          launcher_args=extra, command=command, dry_run=dry_run, fmt=fmt))
 
 
+launch_app = typer.Typer(help="A job for an existing scheduler that runs `rltune train` on several nodes: slurm, k8s.",
+                         no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(launch_app, name="launch")
+
+_NODES = typer.Option(..., "--nodes", metavar="N", help="Nodes.")
+_GPUS = typer.Option(0, "--gpus-per-node", metavar="G", help="GPUs per node (0: CPU nodes).")
+_PROCS = typer.Option(None, "--procs-per-node", metavar="P", help="Ranks per node (default: the GPUs, or 1).")
+
+
+@launch_app.command("slurm", context_settings={"allow_extra_args": False})
+def launch_slurm(
+    recipe: str = typer.Argument(..., metavar="RECIPE", help="Recipe file."),
+    overrides: Optional[List[str]] = typer.Argument(None, metavar="KEY=VALUE", help="Overrides, as for train."),
+    nodes: int = _NODES, gpus: int = _GPUS, procs: Optional[int] = _PROCS,
+    partition: Optional[str] = typer.Option(None, "--partition", metavar="NAME", help="#SBATCH --partition."),
+    time_limit: Optional[str] = typer.Option(None, "--time", metavar="LIMIT", help="#SBATCH --time, e.g. 24:00:00."),
+    account: Optional[str] = typer.Option(None, "--account", metavar="NAME", help="#SBATCH --account."),
+    env: Optional[List[str]] = typer.Option(None, "--env", metavar="NAME=VALUE", help="Exported in the job (repeatable), e.g. NCCL_SOCKET_IFNAME=ib0."),
+    script: Optional[str] = typer.Option(None, "--script", metavar="PATH", help="Where to write the script (default RUN_DIR/slurm/)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the sbatch script; submit nothing."),
+) -> None:
+    """Write an sbatch script that trains RECIPE on N nodes (torchrun's rendezvous on the first,
+    --resume auto, requeued when preempted) and submit it with sbatch (docs/scale.md)."""
+    from rltune.commands.launch import run
+
+    _reject_bare_keys(overrides or [])
+    raise typer.Exit(run("slurm", recipe, overrides or [], nodes, procs, gpus, dry_run, partition=partition,
+                         time_limit=time_limit, account=account, env=env or [], script=script))
+
+
+@launch_app.command("k8s", context_settings={"allow_extra_args": False})
+def launch_k8s(
+    recipe: str = typer.Argument(..., metavar="RECIPE", help="Recipe file (its path inside the pods)."),
+    overrides: Optional[List[str]] = typer.Argument(None, metavar="KEY=VALUE", help="Overrides, as for train."),
+    nodes: int = _NODES, gpus: int = _GPUS, procs: Optional[int] = _PROCS,
+    image: Optional[str] = typer.Option(None, "--image", metavar="IMAGE", help="Container image with rltune installed."),
+) -> None:
+    """Print a Kubeflow PyTorchJob manifest that trains RECIPE on N pods (docs/scale.md)."""
+    from rltune.commands.launch import run
+
+    _reject_bare_keys(overrides or [])
+    raise typer.Exit(run("k8s", recipe, overrides or [], nodes, procs, gpus, True, image=image))
+
+
 @app.command()
 def diagnose(
     run_dir: str = typer.Argument(..., metavar="RUN_DIR",

@@ -1,0 +1,47 @@
+"""Two nodes through torchrun's c10d rendezvous (issue 29, item 1), proven on one machine: two
+node agents on 127.0.0.1, one rank each (`rltune train R --nnodes 2 --nproc 1 --rdzv-endpoint
+127.0.0.1:PORT`, started twice, as on two hosts), give the metrics of one node with the same
+world size (`--nproc 2`). Greedy PPO: the rollout is deterministic, so only the split of the
+global batch could differ, and it must not."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+from trainlib import ROOT, cli_env, read_metrics, run_cli, tiny_recipe
+
+KEYS = ["reward/mean", "reward/std", "kl", "actor/loss", "actor/grad_norm", "critic/loss", "critic/grad_norm",
+        "critic/explained_var", "response/length_mean", "actor/entropy"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_node_agents_on_localhost_equal_one_node_of_two_ranks(tmp_path):
+    common = dict(rollout__do_sample=False, trainer__max_steps=3, trainer__eval_every=0)
+    (tmp_path / "one").mkdir()
+    one = tiny_recipe(tmp_path / "one", "tiny-ppo.yaml", **common)
+    res = run_cli("train", one, "--nproc", "2", "--quiet")
+    assert res.returncode == 0, res.stderr[-3000:]
+
+    (tmp_path / "two").mkdir()
+    two = tiny_recipe(tmp_path / "two", "tiny-ppo.yaml", **common)
+    endpoint = f"127.0.0.1:{_free_port()}"
+    cmd = [sys.executable, "-m", "rltune", "train", str(two), "--nnodes", "2", "--nproc", "1",
+           "--rdzv-endpoint", endpoint, "--quiet"]
+    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+                              cwd=ROOT) for _ in range(2)]
+    outs = [n.communicate(timeout=600) for n in nodes]
+    for n, (_, err) in zip(nodes, outs):
+        assert n.returncode == 0, err[-3000:]
+    assert any("--rdzv-endpoint " + endpoint in err for _, err in outs)
+    m1, m2 = read_metrics(tmp_path / "one" / "run"), read_metrics(tmp_path / "two" / "run")
+    assert len(m1) == len(m2) == 3
+    for a, b in zip(m1, m2):
+        for k in KEYS:
+            assert abs(a[k] - b[k]) <= 1e-6 * max(1.0, abs(a[k])), (a["step"], k, a[k], b[k])
