@@ -45,3 +45,35 @@ def test_two_node_agents_on_localhost_equal_one_node_of_two_ranks(tmp_path):
     for a, b in zip(m1, m2):
         for k in KEYS:
             assert abs(a[k] - b[k]) <= 1e-6 * max(1.0, abs(a[k])), (a["step"], k, a[k], b[k])
+
+
+def test_nodes_with_different_recipes_are_refused_at_start(tmp_path):
+    """One node started with another override: every rank refuses before building a model,
+    naming the rank that differs; nothing is trained."""
+    path = tiny_recipe(tmp_path, "tiny-ppo.yaml", trainer__max_steps=2, trainer__eval_every=0)
+    endpoint = f"127.0.0.1:{_free_port()}"
+    base = [sys.executable, "-m", "rltune", "train", str(path), "--nnodes", "2", "--nproc", "1",
+            "--rdzv-endpoint", endpoint, "--quiet"]
+    nodes = [subprocess.Popen(base + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+                              cwd=ROOT) for extra in ([], ["trainer.seed=7"])]
+    outs = [n.communicate(timeout=600) for n in nodes]
+    assert all(n.returncode != 0 for n in nodes)
+    err = "\n".join(e for _, e in outs)
+    assert "run a different recipe (file or overrides) or rltune version than rank 0" in err, err[-3000:]
+    assert "Traceback" not in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or read_metrics(tmp_path / "run") == []
+
+
+def test_a_node_that_never_joins_stops_the_job_with_the_fix(tmp_path):
+    """--nnodes 2 but only one node started: the rendezvous gives up after
+    trainer.rendezvous_timeout_s, with one line saying so and what to do, not a traceback."""
+    import time
+
+    path = tiny_recipe(tmp_path, "tiny-ppo.yaml", trainer__rendezvous_timeout_s=10)
+    t0 = time.monotonic()
+    res = run_cli("train", path, "--nnodes", "2", "--nproc", "1", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+                  "--quiet", timeout=300)
+    assert res.returncode == 3, res.stderr[-3000:]
+    assert time.monotonic() - t0 < 120
+    assert "not every node joined the rendezvous" in res.stderr and "fix:" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+from .torchrun import RENDEZVOUS_FAILED
+
 
 def launch_command(recipe, recipe_path: str, overrides: list[str], resume: str, allow_recipe_change: bool,
                    quiet: bool, launcher_args: list[str], extra: list[str] = ()) -> list[str]:
@@ -31,6 +33,8 @@ def launch_command(recipe, recipe_path: str, overrides: list[str], resume: str, 
                "--nnodes", str(t.nnodes), *launcher_args]
         if t.nnodes == 1 and not any(a.startswith("--rdzv") or a.startswith("--master") for a in launcher_args):
             cmd.append("--standalone")
+        elif "--rdzv-backend" in launcher_args:   # c10d: a node that never joins stops the job, with a message
+            cmd += ["--rdzv-conf", f"join_timeout={t.rendezvous_timeout_s:g}"]
         cmd += ["-m", "rltune"]
     return cmd + child
 
@@ -50,7 +54,7 @@ def launch(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, l
         raise UserError(f"launcher {cmd[0]!r} not found: {err}; install it or set trainer.launcher: torchrun") from err
     except KeyboardInterrupt:  # the launcher forwards the signal; the ranks save and exit
         return 130
-    if code not in (0, 130):
+    if code not in (0, 130, RENDEZVOUS_FAILED):
         from pathlib import Path
 
         from .rundir import resume_hint

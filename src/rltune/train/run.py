@@ -129,8 +129,9 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, ove
     if stale:
         LOG.warning("%s", stale)
     run.hint = rd.resume_hint(command, recipe_path)
-    # 2. resume
+    # 2. resume (every rank runs the same recipe and rltune first)
     resume_path, saved, changes = _resume_point(run, resume, allow_recipe_change)
+    _same_on_every_rank(run)
     if resume_path is not None and _nothing_left(run, saved):
         return 0
     # 3. directory
@@ -196,6 +197,30 @@ def _peer_lost(err: RuntimeError, run: Run) -> BaseException:
 
 
 # ---------------------------------------------------------------- steps 2-6: set up
+
+def _same_on_every_rank(run: Run) -> None:
+    """Refuse, on every rank, a run whose ranks do not all have the same recipe (overrides
+    included) and rltune version: nodes started with different files or installs would train
+    different things, or desynchronise in their collectives. One all-gather of a 48-bit hash."""
+    from .collective import gather_rows, world_size
+
+    if world_size() == 1:
+        return
+    import hashlib
+
+    import torch
+
+    from .. import __version__
+
+    text = json.dumps({"recipe": run.recipe_dict, "rltune": __version__}, sort_keys=True)
+    mine = int(hashlib.sha256(text.encode()).hexdigest()[:12], 16)
+    every = gather_rows(torch.tensor([mine], dtype=torch.int64)).tolist()
+    odd = [r for r, h in enumerate(every) if h != every[0]]
+    if odd:
+        raise TrainError(f"rank(s) {', '.join(map(str, odd))} run a different recipe (file or overrides) or rltune "
+                         f"version than rank 0 (this is rank {run.dist.rank}, rltune {__version__})\n  fix: start "
+                         "every node with the same recipe file, the same key=value overrides and the same rltune")
+
 
 def _resume_point(run: Run, resume: str, allow_recipe_change: bool) -> tuple[Path | None, dict, list]:
     """2. (checkpoint or None, its state.json, the recipe changes): the recipe is checked against

@@ -5,22 +5,39 @@ parser, rendezvous and elastic agent (which stops the other ranks when one dies)
 the end of a failed job: instead of torch's ChildFailedError traceback, one line per failed rank
 (how it failed: its exit code, or the signal that killed it), and exit code 1. When every rank
 that stopped was interrupted (exit 130: each saved its checkpoint and said so) the exit code is
-130 and nothing more is said. launch.py adds the resume command.
+130 and nothing more is said. launch.py adds the resume command. A rendezvous that fails (a node
+that never joins within trainer.rendezvous_timeout_s, a closed rendezvous) is one line with the
+fix, and exit code 3 (RENDEZVOUS_FAILED).
 """
 
 from __future__ import annotations
 
 import sys
 
+RENDEZVOUS_FAILED = 3
+
 
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
     from torch.distributed.run import parse_args, run
 
+    args = parse_args(argv)
     try:
-        run(parse_args(argv))
+        run(args)
     except ChildFailedError as err:
         return report(err.failures)
+    except RendezvousTimeoutError:
+        print(f"rltune: not every node joined the rendezvous at {args.rdzv_endpoint} in time ({args.nnodes} nodes "
+              "expected; trainer.rendezvous_timeout_s)\n  fix: start `rltune train` on every node with the same "
+              "--nnodes and --rdzv-endpoint, within that time; check that the endpoint's host and port are reachable "
+              "from every node", file=sys.stderr)
+        return RENDEZVOUS_FAILED
+    except RendezvousError as err:
+        print(f"rltune: the rendezvous at {args.rdzv_endpoint} failed: {type(err).__name__}: {str(err)[:300]}\n  fix: "
+              "check --rdzv-endpoint (a host:port every node reaches, its port free on that host) and --nnodes",
+              file=sys.stderr)
+        return RENDEZVOUS_FAILED
     return 0
 
 
