@@ -6,7 +6,6 @@ each: the job trains through torchrun's rendezvous on the first node and ends li
 from __future__ import annotations
 
 import os
-import stat
 
 import yaml
 
@@ -45,7 +44,7 @@ def _shims(tmp_path):
     bin_dir.mkdir()
     for name, text in SHIMS.items():
         (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755 | stat.S_IXUSR)
+        (bin_dir / name).chmod(0o755)
     return bin_dir
 
 

@@ -19,7 +19,7 @@ import math
 import numbers
 import time
 
-from .env import EnvError, check_agent, check_agent_def, is_agent  # noqa: F401 - re-exported
+from .env import EnvError
 
 class Clients:
     """The OpenAI clients of one batch of episodes: sync ones share one HTTP connection pool
@@ -112,4 +112,4 @@ async def _with_client(fn, client, row):
         return await fn(client, row)
 
 
-__all__ = ["AgentSession", "Clients", "check_agent", "check_agent_def", "is_agent"]
+__all__ = ["AgentSession", "Clients"]

@@ -123,9 +123,10 @@ def reply_message(text: str, offer_tools: bool, call_prefix: str) -> tuple[dict,
     calls, why = parse_tool_calls(text)
     if why is not None or not calls:
         return message, 0, why is not None
-    rest = text[:text.find(OPEN)].strip() if OPEN in text else ""
-    if OPEN in text and CLOSE in text:
-        rest = (rest + " " + text[text.rfind(CLOSE) + len(CLOSE):].strip()).strip()
+    rest = ""                     # the text around the <tool_call> blocks (a bare JSON call has none)
+    if OPEN in text:
+        tail = text.rpartition(CLOSE)[2] if CLOSE in text else ""
+        rest = f"{text.partition(OPEN)[0].strip()} {tail.strip()}".strip()
     message["content"] = rest or None
     message["tool_calls"] = [{"id": f"{call_prefix}-{j}", "type": "function",
                               "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}

@@ -51,10 +51,10 @@ exit "$code"
 """
 
 
-def train_command(recipe_path: str, overrides: list[str], nodes: int, procs: int) -> list[str]:
+def train_command(python: str, recipe_path: str, overrides: list[str], nodes: int, procs: int) -> list[str]:
     """What every node runs (without the rendezvous endpoint, which the scheduler knows)."""
-    return [sys.executable, "-m", "rltune", "train", str(Path(recipe_path).resolve()), *overrides,
-            "--nnodes", str(nodes), "--nproc", str(procs), "--resume", "auto"]
+    return [python, "-m", "rltune", "train", recipe_path, *overrides, "--nnodes", str(nodes), "--nproc", str(procs),
+            "--resume", "auto"]
 
 
 def sbatch_script(recipe_path: str, overrides: list[str], name: str, run_dir: Path, nodes: int, procs: int,
@@ -66,15 +66,12 @@ def sbatch_script(recipe_path: str, overrides: list[str], name: str, run_dir: Pa
         name=name, nodes=nodes, procs=procs, log=run_dir / "slurm-%j.out", extra=extra,
         gpus=f"#SBATCH --gpus-per-node={gpus}\n" if gpus else "",
         env="\n".join(f"export {shlex.quote(e)}" for e in env),
-        command=shlex.join(train_command(recipe_path, overrides, nodes, procs)))
+        command=shlex.join(train_command(sys.executable, str(Path(recipe_path).resolve()), overrides, nodes, procs)))
 
 
 def pytorchjob(recipe_path: str, overrides: list[str], name: str, nodes: int, procs: int, gpus: int, image: str) -> str:
     """A Kubeflow PyTorchJob (kubeflow.org/v1): one Master and nodes-1 Workers, one pod per node."""
-    import json
-
-    cmd = ["python", "-m", "rltune", "train", recipe_path, *overrides, "--nnodes", str(nodes), "--nproc", str(procs),
-           "--resume", "auto", "--rdzv-endpoint", "$(MASTER_ADDR):$(MASTER_PORT)"]
+    cmd = train_command("python", recipe_path, overrides, nodes, procs) + ["--rdzv-endpoint", "$(MASTER_ADDR):$(MASTER_PORT)"]
 
     def replica(count: int) -> dict:
         container = {"name": "pytorch", "image": image, "command": cmd,

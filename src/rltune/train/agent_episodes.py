@@ -32,6 +32,7 @@ the first); when every episode of a call raises, the run stops with the error.
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import threading
@@ -218,8 +219,6 @@ class _AgentRun:
                 e.busy = False
 
     def _renderer(self, tools: list[dict] | None) -> Renderer:
-        import json
-
         key = json.dumps(tools, sort_keys=True)
         if key not in self.renderers:
             self.renderers[key] = Renderer(self.c.tokenizer, tools)

@@ -61,7 +61,7 @@ def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> 
     from ..agents.env import Session, gives_reward
     from ..agents.isolate import EnvPool
 
-    from ..agents.agent import is_agent
+    from ..agents.env import is_agent
 
     r, tok = c.recipe, c.tokenizer
     ro = r.rollout

@@ -202,18 +202,16 @@ def _same_on_every_rank(run: Run) -> None:
     """Refuse, on every rank, a run whose ranks do not all have the same recipe (overrides
     included) and rltune version: nodes started with different files or installs would train
     different things, or desynchronise in their collectives. One all-gather of a 48-bit hash."""
+    from .checkpoint import recipe_hash
     from .collective import gather_rows, world_size
 
     if world_size() == 1:
         return
-    import hashlib
-
     import torch
 
     from .. import __version__
 
-    text = json.dumps({"recipe": run.recipe_dict, "rltune": __version__}, sort_keys=True)
-    mine = int(hashlib.sha256(text.encode()).hexdigest()[:12], 16)
+    mine = int(recipe_hash({"recipe": run.recipe_dict, "rltune": __version__})[:12], 16)
     every = gather_rows(torch.tensor([mine], dtype=torch.int64)).tolist()
     odd = [r for r, h in enumerate(every) if h != every[0]]
     if odd:
