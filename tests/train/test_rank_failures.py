@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from trainlib import cli_env, read_metrics, run_cli, tiny_recipe
 
 
@@ -55,6 +57,7 @@ def test_sigkill_of_one_rank_is_named_with_the_resume_command(tmp_path):
     assert json.loads((run / "checkpoints" / _checkpoints(run)[-1] / "state.json").read_text())["step"] == 4
 
 
+@pytest.mark.slow
 def test_a_stalled_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     """Rank 1 stops answering (it sleeps at step 2): rank 0's next collective gives up after
     trainer.collective_timeout_s, saying which phase it was in; the launcher then stops rank 1.

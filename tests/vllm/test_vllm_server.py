@@ -165,6 +165,7 @@ def test_a_sync_makes_the_server_follow_the_actor_and_moves_the_weight_version(s
     assert engine.stale_samples == 0
 
 
+@pytest.mark.slow
 def test_weights_over_a_gloo_group_reach_an_attached_server(tmp_path):
     """rollout.server.weight_transfer: gloo, the backend for a server on another machine: a
     server started with rltune_gloo, attached to by url (as from another machine; its trainer
