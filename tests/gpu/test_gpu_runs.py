@@ -34,7 +34,7 @@ def test_hf_rollout_logprobs_match_a_forward_of_the_same_weights():
     tol = RolloutCfg().logprob_tolerance
     model = load_causal_lm("builtin:tiny-llama", "bf16", "sdpa", "cuda")
     tok = load_tokenizer("builtin:tiny-llama")
-    engine = HFRollout(model, tok, chunk_size=64)
+    engine = HFRollout(model, tok, device="cuda", chunk_size=64)
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ("12+3=", "7*8=", "100-1=", "5+5=")]
     torch.manual_seed(0)
     exp = engine.generate(prompts, Sampling(n=4, temperature=1.0, max_new_tokens=16))

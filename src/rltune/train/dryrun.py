@@ -23,6 +23,8 @@ not a whole number within bounds) stops the dry run with exit 2 and a message na
 
 Memory per phase, on one device (the largest over ranks):
 - CUDA: torch.cuda.max_memory_allocated, reset (reset_peak_memory_stats) as each phase begins;
+  the plan column leaves out the CUDA context (outside torch's allocator) and replaces the plan's
+  BLAS-workspace constant by the workspaces measured in this process before the engines are built;
 - CPU: the process's resident-set high-water mark (VmHWM in /proc/self/status), reset as each
   phase begins by writing "5" to /proc/self/clear_refs (Linux >= 4.0). Where that is refused
   the numbers are the cumulative peak since the process started, and the report says so. The
@@ -128,6 +130,23 @@ def runtime_rss(recipe: Recipe) -> int | None:
     return _vm_rss()
 
 
+def blas_workspaces(device: str) -> int:
+    """CUDA: the bytes torch's allocator holds for cuBLAS / cuBLASLt workspaces once a forward and a
+    backward (autograd's thread has its own handle) ran a bf16 and an fp32 linear with a bias (the Lt
+    path): what the plan's BLAS workspaces item stands for, measured in this process."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.ones(64, 64, device=device, dtype=dtype, requires_grad=True)
+        F.linear(x, x, torch.zeros(64, device=device, dtype=dtype)).sum().backward()
+        del x
+    torch.cuda.synchronize(device)
+    return max(0, torch.cuda.memory_allocated(device) - before)
+
+
 def _vm_rss() -> int | None:
     try:
         found = re.search(r"^VmRSS:\s+(\d+)\s+kB", Path("/proc/self/status").read_text(), re.M)
@@ -198,14 +217,26 @@ def plan_phases(recipe: Recipe, dist, runtime_here: int | None = None
                           mem_bytes=torch.cuda.get_device_properties(dist.local_rank).total_memory)
         else:
             hw = Hardware(device="cpu")
-        plan = estimate(recipe, hw)
-        phases = dict(plan.phases)
-        constant = next((it.bytes for it in plan.items if it.name.startswith("runtime")), None)
-        if runtime_here is not None and constant is not None and not dist.device.startswith("cuda"):
-            phases = {k: v - constant + runtime_here for k, v in phases.items()}
+        phases, constant = comparable(estimate(recipe, hw), dist.device.startswith("cuda"), runtime_here)
         return phases, None, constant
     except Exception as err:  # noqa: BLE001 - the measurement stands without the estimate
         return None, f"no plan estimate: {type(err).__name__}: {err}", None
+
+
+def comparable(plan, cuda: bool, here: int | None) -> tuple[dict[str, int], int | None]:
+    """The plan's phases as the dry run's measure sees them, and the plan constant replaced.
+    CUDA: torch's allocator cannot see the CUDA context (left out); the plan's BLAS workspaces are
+    replaced by `here`, the ones measured in this process. CPU: the runtime constant is replaced
+    by `here`, this process's resident memory before the engines were built."""
+    phases = dict(plan.phases)
+    if cuda:
+        outside = sum(it.bytes for it in plan.items if it.name == "CUDA context")
+        constant = next((it.bytes for it in plan.items if it.name == "BLAS workspaces"), None)
+    else:
+        outside = 0
+        constant = next((it.bytes for it in plan.items if it.name.startswith("runtime")), None)
+    swap = (here - constant) if here is not None and constant is not None else 0
+    return {k: v - outside + swap for k, v in phases.items()}, constant
 
 
 def check_configs(recipe: Recipe) -> str | None:
@@ -247,7 +278,7 @@ def _dry_run(recipe: Recipe, recipe_path: Path, fmt: str, quiet: bool, dist) -> 
     LOG.info("dry run: building the engines, then %d steps with train.batch_size %d at the longest prompts and "
              "responses (nothing is written)", STEPS, small.train.batch_size)
     meter = Meter(dist.device)
-    runtime_here = None if dist.device.startswith("cuda") else runtime_rss(recipe)
+    runtime_here = blas_workspaces(dist.device) if dist.device.startswith("cuda") else runtime_rss(recipe)
     # stdout carries the report alone (`--format json` stays parseable): what the engines print
     # there (DeepSpeed's memory lines) goes to stderr
     with contextlib.redirect_stdout(sys.stderr):
@@ -325,7 +356,10 @@ def format_report(report: dict, output_dir: str) -> str:
              f"peak memory per phase on one device, the larger of the {w['steps']} steps: {report['measure']}; "
              f"plan: `rltune plan` at these lengths"]
     rt = report.get("plan_runtime")
-    if rt and rt["constant"]:
+    if rt and rt["constant"] and report["device"] == "cuda":
+        lines.append(f"  (without the CUDA context, which torch's allocator does not see; its BLAS workspaces "
+                     f"{fmt_bytes(rt['constant'])} replaced by the {fmt_bytes(rt['here'])} measured in this process)")
+    elif rt and rt["constant"]:
         lines.append(f"  (its CPU runtime constant {fmt_bytes(rt['constant'])} replaced by this process's "
                      f"{fmt_bytes(rt['here'])} resident before the engines were built)")
     lines += ["", f"  {'phase':<11} {'measured':>10} {'plan':>10} {'measured/plan':>14} {'time':>8}  what"]
