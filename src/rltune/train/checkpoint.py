@@ -109,6 +109,7 @@ def save(run_dir: Path, step: int, engines: dict, state: dict, gen: torch.Genera
             pause(step)
         barrier()
         if rank == 0:
+            state = {**state, "world_size": _world_size()}     # a resume on another world size reads it
             (tmp / "state.json").write_text(json.dumps(state, indent=1, allow_nan=True))
             write_manifest(tmp, {"step": step, "recipe_hash": state.get("recipe_hash")})
             _swap_in(tmp, final)
@@ -219,8 +220,36 @@ class _WeightsOnlyLoads:
         return False
 
 
+def _world_size() -> int:
+    import torch.distributed as tdist
+
+    return tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
+
+
+def saved_world_size(path: Path) -> int:
+    """The world size checkpoint `path` was written with: state.json's `world_size`, or (written
+    before rltune recorded it) the number of per-rank RNG files."""
+    try:
+        world = json.loads((path / "state.json").read_text()).get("world_size")
+    except (OSError, ValueError):
+        world = None
+    if isinstance(world, int) and not isinstance(world, bool) and world >= 1:
+        return world
+    return max(1, len(list(path.glob("rng-rank*.pt"))))
+
+
 def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
-    """Restore engines and RNG from `path`; returns state.json's content."""
+    """Restore engines and RNG from `path`; returns state.json's content. On another world size than
+    the checkpoint's (docs/scale.md, "Resume on another world size"): ZeRO-partitioned optimizer
+    state goes through DeepSpeed's universal checkpoint (world.py); the update shuffler continues
+    rank 0's stream on every rank; each rank's sampling RNG starts afresh from (seed, step, rank)."""
+    saved, world = saved_world_size(path), _world_size()
+    if saved != world:
+        from .world import load_resharded
+
+        state = json.loads((path / "state.json").read_text())
+        load_resharded(path, engines, gen, rank, saved, world, state)
+        return state
     with _WeightsOnlyLoads() as loads:
         for name, engine in engines.items():
             if engine is not None:

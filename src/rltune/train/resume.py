@@ -23,7 +23,7 @@ from .setup import TrainError
 # dir has another output_dir; raising max_steps continues a finished run)
 FREE = ("trainer.max_steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.output_dir",
         "trainer.eval_every", "trainer.threads", "trainer.save_merged", "rollout.lora_sync", "logging.", "preset",
-        "lint.")
+        "lint.", "trainer.nproc", "trainer.nnodes")   # world size: a resume re-partitions (checkpoint.load)
 
 _WEIGHTS = "the checkpoint holds this model's weights (and its token ids)"
 _STEP = "a step's size and update count are fixed for a run: the data position and the LR schedule count in them"
@@ -42,8 +42,6 @@ FIXED = {
     "actor.zero_stage": _ZERO, "critic.zero_stage": _ZERO,
     "actor.offload_optimizer": _ZERO, "critic.offload_optimizer": _ZERO,
     "trainer.precision": "weights, optimizer state and loss scale are saved in this precision",
-    "trainer.nproc": "every rank saved its own shard, data slice and RNG state",
-    "trainer.nnodes": "every rank saved its own shard, data slice and RNG state",
     "trainer.seed": "the data order and RNG streams come from it (a resume restores them)",
 }
 # optimizer hyper-parameters a checkpoint's optimizer state would otherwise bring back

@@ -1,0 +1,107 @@
+"""Resume on another world size (docs/scale.md): a checkpoint written by 2 real ranks continues on
+1, and that one on 4, with ZeRO-1 (one optimizer shard per rank, re-partitioned through DeepSpeed's
+universal checkpoint), actor and critic (tiny-ppo).
+
+The invariant, read from the checkpoint files themselves: the step after each resume runs with a
+learning rate too small to move an fp32 weight (1e-30), so
+  - the fp32 master weights the new ranks save, their shards laid end to end, equal the old
+    ranks' exactly (nothing re-partitioned wrongly, lost or padded in);
+  - Adam's moments are the old ones advanced by one gradient g: m1 = b1 m0 + (1-b1) g and
+    v1 = b2 v0 + (1-b2) g^2. g is solved from m and must then satisfy v, element by element: moments
+    put back in the wrong places (or not at all) break it;
+  - the optimizer's step count goes on by one, and the sampler's global position by one step's
+    prompts, as on an uninterrupted run (no prompt seen twice or skipped)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from trainlib import cli_env, read_metrics, run_cli, tiny_recipe
+
+B1, B2 = 0.9, 0.999
+TINY_LR = {"actor.lr": 1e-30, "critic.lr": 2e-30}     # below an fp32 weight's resolution
+
+
+def _shards(ckpt, role):
+    files = sorted((ckpt / role / "ds").glob("zero_pp_rank_*_mp_rank_00_optim_states.pt"),
+                   key=lambda p: int(p.name.split("_")[3]))
+    parts = [torch.load(f, map_location="cpu", weights_only=False)["optimizer_state_dict"] for f in files]
+    flat = torch.cat([p["single_partition_of_fp32_groups"][0] for p in parts])
+    state = [p["base_optimizer_state"]["state"][0] for p in parts]
+    # DeepSpeed saves each fp32 shard without its padding, the moments with it: cut them alike
+    sizes = [p["single_partition_of_fp32_groups"][0].numel() for p in parts]
+    m = torch.cat([s["exp_avg"][:n] for s, n in zip(state, sizes)])
+    v = torch.cat([s["exp_avg_sq"][:n] for s, n in zip(state, sizes)])
+    assert flat.shape == m.shape == v.shape
+    steps = {int(s["step"]) for s in state}
+    assert len(steps) == 1, steps
+    return len(files), flat, m, v, steps.pop()
+
+
+def _train(path, nproc, *args):
+    res = run_cli("train", path, "--nproc", str(nproc), *args, timeout=600, env=cli_env(OMP_NUM_THREADS="1"))
+    assert res.returncode == 0, res.stderr[-4000:]
+    return res
+
+
+def _check_continues(before, after, world_before, world_after):
+    n0, w0, m0, v0, s0 = before
+    n1, w1, m1, v1, s1 = after
+    assert (n0, n1) == (world_before, world_after)
+    assert w1.shape == w0.shape and torch.equal(w1, w0)
+    assert s1 == s0 + 1
+    g = (m1 - B1 * m0) / (1 - B1)
+    expect = B2 * v0 + (1 - B2) * g * g
+    assert torch.allclose(v1, expect, rtol=1e-4, atol=1e-12), float((v1 - expect).abs().max())
+    assert g.abs().sum() > 0    # a real gradient was taken
+
+
+def _two_ranks_then_one(tmp_path, name, roles, **overrides):
+    """2 ranks train steps 1-2; 1 rank resumes for step 3 at the tiny lr: checked as above."""
+    path = tiny_recipe(tmp_path, name, trainer__max_steps=2, trainer__save_every=1, trainer__keep_checkpoints=10,
+                       trainer__eval_every=0, logging__sample_every=0, **overrides)
+    run = tmp_path / "run"
+    _train(path, 2)
+    res = _train(path, 1, "--resume", "auto", "--allow-recipe-change", "--set", "trainer.max_steps=3", *_tiny(roles))
+    assert "written by 2 rank(s), on 1" in res.stderr
+    for role in roles:
+        _check_continues(_shards(_ckpt(run, 2), role), _shards(_ckpt(run, 3), role), 2, 1)
+    assert not list((run / "checkpoints").glob(".universal-*"))     # the conversion folder is gone
+    return path, run
+
+
+def _ckpt(run, step):
+    return run / "checkpoints" / f"step-{step:08d}"
+
+
+def _tiny(roles):
+    return [x for role in roles for x in ("--set", f"{role}.lr={TINY_LR[f'{role}.lr']}")]
+
+
+def test_two_ranks_resume_on_one_actor_and_critic_zero1(tmp_path):
+    _two_ranks_then_one(tmp_path, "tiny-ppo.yaml", ("actor", "critic"), actor__zero_stage=1, critic__zero_stage=1)
+
+
+@pytest.mark.slow
+def test_two_ranks_then_one_then_four(tmp_path):
+    path, run = _two_ranks_then_one(tmp_path, "tiny-ppo.yaml", ("actor", "critic"),
+                                    actor__zero_stage=1, critic__zero_stage=1)
+    res = _train(path, 4, "--resume", "auto", "--allow-recipe-change", "--set", "trainer.max_steps=4",
+                 *_tiny(("actor", "critic")))
+    assert "written by 1 rank(s), on 4" in res.stderr
+    for role in ("actor", "critic"):
+        _check_continues(_shards(_ckpt(run, 3), role), _shards(_ckpt(run, 4), role), 1, 4)
+    # the data position is global: one step's prompts (train.batch_size / group_size) per step
+    cursors = [json.loads((_ckpt(run, s) / "state.json").read_text())["sampler"]["cursor"] for s in (1, 2, 3, 4)]
+    assert [b - a for a, b in zip(cursors, cursors[1:])] == [64 // 4] * 3
+    assert [m["step"] for m in read_metrics(run)] == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_two_ranks_resume_on_one_lora_adapter(tmp_path):
+    """LoRA: only the adapter is trainable, checkpointed and re-partitioned."""
+    _two_ranks_then_one(tmp_path, "tiny-grpo.yaml", ("actor",), actor__zero_stage=1, actor__lr=1e-3,
+                        model__lora={"r": 4, "alpha": 8})
