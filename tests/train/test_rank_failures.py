@@ -75,3 +75,24 @@ def test_a_stalled_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     assert "during step 2:" in line and "collective_timeout_s: 15 s" in line, line
     assert "resume from the last checkpoint with:" in res.stderr and "Traceback" not in res.stderr
     assert _checkpoints(tmp_path / "run")[-1] == "step-00000001"
+
+
+def test_max_restarts_continues_from_the_last_checkpoint_equal_to_uninterrupted(tmp_path):
+    """trainer.max_restarts: 1 and rank 1 SIGKILLed at step 3: the job restarts once, from step 2's
+    checkpoint, and ends as an uninterrupted run of the same world size ends (metrics to 1e-6; the
+    lost step 3 is taken again). The fault fires on the first attempt only (RLTUNE_ATTEMPT)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    whole = run_cli("train", _recipe(tmp_path / "a"), "--nproc", "2", "--quiet", timeout=600)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    env = cli_env(RLTUNE_FAULTS="sigkill@3", RLTUNE_FAULT_RANK="1")
+    res = run_cli("train", _recipe(tmp_path / "b", trainer__max_restarts=1), "--nproc", "2", "--quiet", env=env,
+                  timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "was killed by SIGKILL" in res.stderr and "restart 1/1 (trainer.max_restarts)" in res.stderr
+    assert "the job stopped because a rank failed" not in res.stderr     # the launcher did not give up
+    a, b = read_metrics(tmp_path / "a" / "run"), read_metrics(tmp_path / "b" / "run")
+    assert [m["step"] for m in b] == [1, 2, 3, 4]            # the killed step 3 was truncated, then redone
+    for x, y in zip(a, b):
+        for k in ("reward/mean", "kl", "actor/loss", "response/length_mean"):
+            assert abs(x[k] - y[k]) <= 1e-6 * max(1.0, abs(x[k])), (x["step"], k, x[k], y[k])

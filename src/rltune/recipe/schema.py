@@ -240,6 +240,7 @@ class TrainerCfg(Section):
     nproc: int = F(1, "Processes (ranks) on this node; > 1 starts the launcher.", ge=1, le=1024)
     nnodes: int = F(1, "Nodes (multi-node runs need the launcher's rendezvous or a hostfile).", ge=1, le=4096)
     launcher: Literal["torchrun", "deepspeed"] = F("torchrun", "Launcher for nproc > 1.")
+    max_restarts: int = F(0, "Several ranks: times the job restarts after a rank fails, each time a fresh torchrun resuming from the last valid checkpoint (--resume auto); 0: stop and print the command that resumes (docs/scale.md).", ge=0, le=100)
     rendezvous_timeout_s: float = F(600.0, "Several nodes: seconds torchrun's rendezvous waits for every node to join before the job stops with a message (a node that never starts).", gt=0, le=86400)
     collective_timeout_s: float = F(1800.0, "Several ranks: seconds a collective (a gradient all-reduce, a metric gather, the stop check) waits for the other ranks; a rank that died or stalls ends the job within it, the waiting rank naming the phase (docs/reliability.md).", gt=0, le=86400)
     device: Literal["auto", "cpu", "cuda"] = F("auto", "Device: auto = cuda when available.")

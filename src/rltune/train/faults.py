@@ -52,6 +52,8 @@ class Faults:
         only = os.environ.get("RLTUNE_FAULT_RANK")
         if only is not None and int(only) != rank:
             return
+        if os.environ.get("RLTUNE_ATTEMPT", "0") != "0":   # a restarted job (trainer.max_restarts): once only
+            return
         import signal
 
         for kind, sig in (("sigterm", signal.SIGTERM), ("sigkill", signal.SIGKILL)):

@@ -6,6 +6,7 @@ passed through to the launcher, which starts `python -m rltune train ...` on eve
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -39,21 +40,73 @@ def launch_command(recipe, recipe_path: str, overrides: list[str], resume: str, 
     return cmd + child
 
 
+def _arg(args: list[str], *names: str) -> str | None:
+    for i, a in enumerate(args[:-1]):
+        if a in names:
+            return args[i + 1]
+    return None
+
+
+def rendezvous_problem(launcher_args: list[str], nnodes: int) -> str | None:
+    """Before torchrun starts: what would make its rendezvous fail, as rltune's message (or None).
+    - the endpoint's host does not resolve (every node);
+    - the endpoint's port is taken on this host, where this node is the one that opens it: one
+      node, or `--node-rank 0` (without a node rank, several agents may share a host, as in the
+      tests, and the first to bind is the host: nothing to check). torchrun would otherwise wait
+      for a store that never answers and fail minutes later under a page of C++ frames."""
+    import socket
+
+    endpoint = _arg(launcher_args, "--rdzv-endpoint")
+    if not endpoint:
+        return None
+    host, _, port = endpoint.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return (f"--rdzv-endpoint {endpoint!r} is not HOST:PORT\n  fix: e.g. --rdzv-endpoint node0.cluster:29500 "
+                "(a host every node reaches, a free port on it)")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except OSError as err:
+        return (f"the rendezvous host {host!r} (--rdzv-endpoint {endpoint}) does not resolve: {err}\n"
+                "  fix: use a name or address of the first node that every node resolves (e.g. its IP address)")
+    if not (nnodes == 1 or _arg(launcher_args, "--node-rank", "--node_rank") == "0"):
+        return None
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as torch's store: TIME_WAIT is free
+            try:
+                probe.bind(addr)
+            except OSError as err:
+                if err.errno == errno.EADDRINUSE:
+                    return (f"port {port} on {host} is in use: the rendezvous (--rdzv-endpoint {endpoint}) needs it "
+                            f"free on this node, which opens it\n  fix: choose a free port (--rdzv-endpoint "
+                            f"{host}:OTHER_PORT on every node), or stop what holds it (`ss -ltnp 'sport = :{port}'`: "
+                            "another job, or an earlier run still running)")
+                return None   # not an address of this host (another node opens it), or torchrun's to report
+    return None
+
+
 def launch(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args, extra=()) -> int:
+    if recipe.trainer.launcher == "torchrun":
+        problem = rendezvous_problem(launcher_args, recipe.trainer.nnodes)
+        if problem:
+            print(f"rltune: {problem}", file=sys.stderr)
+            return RENDEZVOUS_FAILED
     cmd = launch_command(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args, extra)
     env = dict(os.environ, RLTUNE_LAUNCHED="1")
     if not _has_cuda():
         env.setdefault("DS_ACCELERATOR", "cpu")
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(recipe.trainer.nproc, 1))))
-    print("rltune: launching " + " ".join(cmd), file=sys.stderr)
-    try:
-        code = subprocess.call(cmd, env=env)
-    except FileNotFoundError as err:
-        from rltune.errors import UserError
-
-        raise UserError(f"launcher {cmd[0]!r} not found: {err}; install it or set trainer.launcher: torchrun") from err
-    except KeyboardInterrupt:  # the launcher forwards the signal; the ranks save and exit
-        return 130
+    restarts = 0 if "--dry-run" in extra else recipe.trainer.max_restarts
+    for attempt in range(restarts + 1):
+        if attempt:   # a fresh launcher, fresh processes and process groups: the last valid checkpoint goes on
+            cmd = launch_command(recipe, recipe_path, overrides, "auto", allow_recipe_change, quiet, launcher_args,
+                                 extra)
+            print(f"rltune: restart {attempt}/{restarts} (trainer.max_restarts) from the last valid checkpoint",
+                  file=sys.stderr)
+        code = _call(cmd, dict(env, RLTUNE_ATTEMPT=str(attempt)))
+        if code in (0, 130, RENDEZVOUS_FAILED, 2):    # done, interrupted, no rendezvous, bad input: not a crash
+            break
     if code not in (0, 130, RENDEZVOUS_FAILED):
         from pathlib import Path
 
@@ -62,6 +115,18 @@ def launch(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, l
         print("rltune: the job stopped because a rank failed (its own message, or the line above, says how); "
               f"resume from the last checkpoint with: {resume_hint(None, Path(recipe_path))}", file=sys.stderr)
     return code
+
+
+def _call(cmd: list[str], env: dict) -> int:
+    print("rltune: launching " + " ".join(cmd), file=sys.stderr)
+    try:
+        return subprocess.call(cmd, env=env)
+    except FileNotFoundError as err:
+        from rltune.errors import UserError
+
+        raise UserError(f"launcher {cmd[0]!r} not found: {err}; install it or set trainer.launcher: torchrun") from err
+    except KeyboardInterrupt:  # the launcher forwards the signal; the ranks save and exit
+        return 130
 
 
 def _has_cuda() -> bool:

@@ -19,7 +19,8 @@ RENDEZVOUS_FAILED = 3
 
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
+    from torch.distributed.elastic.rendezvous.api import (RendezvousConnectionError, RendezvousError,
+                                                          RendezvousTimeoutError)
     from torch.distributed.run import parse_args, run
 
     args = parse_args(argv)
@@ -33,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
               "--nnodes and --rdzv-endpoint, within that time; check that the endpoint's host and port are reachable "
               "from every node", file=sys.stderr)
         return RENDEZVOUS_FAILED
+    except RendezvousConnectionError as err:
+        print(f"rltune: could not reach the rendezvous at {args.rdzv_endpoint} ({str(err)[:200]})\n  fix: start the "
+              "first node (the endpoint's host) too, with the same --rdzv-endpoint; check that its host and port are "
+              "reachable from every node (firewall, the address of the right network interface)", file=sys.stderr)
+        return RENDEZVOUS_FAILED
     except RendezvousError as err:
         print(f"rltune: the rendezvous at {args.rdzv_endpoint} failed: {type(err).__name__}: {str(err)[:300]}\n  fix: "
               "check --rdzv-endpoint (a host:port every node reaches, its port free on that host) and --nnodes",
@@ -45,6 +51,8 @@ def report(failures: dict) -> int:
     """Print how each rank failed (global rank -> ProcessFailure); the job's exit code."""
     if failures and all(f.exitcode == 130 for f in failures.values()):
         return 130
+    if failures and all(f.exitcode == 2 for f in failures.values()):
+        return 2        # bad input, said by the ranks themselves: not a crash to restart
     for rank, f in sorted(failures.items()):
         how = f"was killed by {f.signal_name()}" if f.exitcode < 0 else f"exited with code {f.exitcode}"
         print(f"rltune: rank {rank} (pid {f.pid}) {how}", file=sys.stderr)

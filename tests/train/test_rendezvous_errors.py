@@ -1,0 +1,58 @@
+"""Rendezvous mistakes stop `rltune train` at once with one message and the fix (exit 3), before
+torchrun starts: a port already taken on the node that opens the rendezvous (torchrun would wait
+for a store that never answers and fail minutes later under a page of C++ frames), a host that
+does not resolve, an endpoint that is not HOST:PORT. docs/scale.md."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from rltune.train.launch import rendezvous_problem
+from trainlib import cli_env, run_cli, tiny_recipe
+
+
+@pytest.fixture
+def taken_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def _train(tmp_path, *args):
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", trainer__max_steps=1)
+    t0 = time.monotonic()
+    res = run_cli("train", path, "--nproc", "2", *args, timeout=120, env=cli_env())
+    return res, time.monotonic() - t0
+
+
+def test_port_in_use_is_refused_at_once_with_the_fix(tmp_path, taken_port):
+    res, seconds = _train(tmp_path, "--rdzv-endpoint", f"127.0.0.1:{taken_port}")
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert f"port {taken_port} on 127.0.0.1 is in use" in res.stderr and "fix: choose a free port" in res.stderr
+    assert "Traceback" not in res.stderr and "frame #" not in res.stderr
+    assert "launching" not in res.stderr          # torchrun never started
+    assert seconds < 60
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("endpoint,says", [("no-such-host.invalid:29500", "does not resolve"),
+                                           ("127.0.0.1", "is not HOST:PORT"),
+                                           ("127.0.0.1:99999", "is not HOST:PORT")])
+def test_bad_endpoint_is_refused_at_once(tmp_path, endpoint, says):
+    res, _ = _train(tmp_path, "--rdzv-endpoint", endpoint)
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert says in res.stderr and "fix:" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_port_check_only_where_this_node_opens_the_rendezvous(taken_port):
+    """Several node agents may share a host (the first to bind opens the rendezvous): without a
+    node rank, a multi-node run does not check the port; node rank 0, or one node, does."""
+    args = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{taken_port}"]
+    assert rendezvous_problem(args, 2) is None
+    assert "is in use" in rendezvous_problem(args + ["--node-rank", "0"], 2)
+    assert rendezvous_problem(args + ["--node-rank", "1"], 2) is None
+    assert "is in use" in rendezvous_problem(args, 1)
