@@ -43,7 +43,8 @@ def rollback_no_target(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 @rule("setting-without-effect", "error",
       "trainer.save_merged without model.lora; reward.timeout other than its default without reward.isolate; "
       "rollout.lora_sync adapter without model.lora; logging.mlflow_tracking_uri without logging.mlflow; "
-      "trainer.eval_every on file data without data.eval; rollout.env_isolate without rollout.env",
+      "trainer.eval_every on file data without data.eval; rollout.env_isolate without rollout.env; "
+      "trainer.max_restarts with one process",
       "the setting only acts together with another one that is off, so it would be silently ignored")
 def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     why = RULES["setting-without-effect"].why
@@ -68,6 +69,11 @@ def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
         yield Hit("trainer.eval_every", f"trainer.eval_every {r.trainer.eval_every} without data.eval: {why} (held-out "
                   f"prompts come from data.eval; only builtin tasks have a split of their own, so {d.train} is "
                   "never evaluated)", "set data.eval: PATH (held-out prompts, same format), or trainer.eval_every: 0")
+    t = r.trainer
+    if t.max_restarts and t.nproc * t.nnodes == 1:
+        yield Hit("trainer.max_restarts", f"trainer.max_restarts {t.max_restarts} with one process: {why} (the "
+                  "launcher that restarts a failed job starts only with trainer.nproc or nnodes above 1)",
+                  "remove trainer.max_restarts, or run several ranks (--nproc N)")
     if r.rollout.lora_sync != defaults["lora_sync"] and r.model.lora is None:
         yield Hit("rollout.lora_sync", f"rollout.lora_sync {r.rollout.lora_sync} without model.lora: {why}",
                   "remove rollout.lora_sync, or set model.lora")
@@ -128,3 +134,13 @@ def vllm_server_unsupported(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     if ro.lora_sync == "adapter":
         yield Hit("rollout.lora_sync", "rollout.lora_sync adapter with rollout.engine vllm-server: the server takes "
                   "full (merged) weights only", "set rollout.lora_sync: merged, or rollout.engine: vllm")
+
+
+@rule("restarts-without-checkpoints", "warning", "trainer.max_restarts with trainer.save_every 0",
+      "a restart goes on from the last valid checkpoint; with none saved during the run, every restart starts "
+      "the run over from step 0")
+def restarts_without_checkpoints(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    t = r.trainer
+    if t.max_restarts and t.save_every == 0 and t.nproc * t.nnodes > 1:
+        yield Hit("trainer.max_restarts", f"trainer.max_restarts {t.max_restarts} with trainer.save_every 0: "
+                  f"{RULES['restarts-without-checkpoints'].why}", "set trainer.save_every (e.g. 50 steps)")

@@ -243,34 +243,43 @@ def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
     the checkpoint's (docs/scale.md, "Resume on another world size"): ZeRO-partitioned optimizer
     state goes through DeepSpeed's universal checkpoint (world.py); the update shuffler continues
     rank 0's stream on every rank; each rank's sampling RNG starts afresh from (seed, step, rank)."""
-    saved, world = saved_world_size(path), _world_size()
-    if saved != world:
-        from .world import load_resharded
+    from . import world as ws
 
-        state = json.loads((path / "state.json").read_text())
-        load_resharded(path, engines, gen, rank, saved, world, state)
-        return state
+    saved, world = saved_world_size(path), _world_size()
+    other = saved != world
+    if other and rank == 0:
+        ws.announce(path, saved, world)
     with _WeightsOnlyLoads() as loads:
         for name, engine in engines.items():
             if engine is not None:
                 adaptation = adaptation_of(engine)
                 adaptation.check_base(engine, path / name, name)   # LoRA: the base it was trained on
                 frozen = adaptation.checkpoint_frozen(engine)      # LoRA: the trainable parameters only
+                if other and ws.partitioned(engine):
+                    ws.load_universal(engine, path / name, rank, loads.allowed, frozen)
+                    continue
                 engine.load_checkpoint(str(path / name), tag="ds", load_optimizer_states=True,
                                        load_lr_scheduler_states=True, load_module_strict=not frozen)
                 if frozen:
                     _check_trainable_loaded(path / name, engine, loads.allowed)
-    rng_file = path / f"rng-rank{rank}.pt"
-    if rng_file.exists():
-        try:
-            set_rng_state(load_tensors_only(rng_file), gen)
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as err:
-            from ..errors import UserError
+    state = json.loads((path / "state.json").read_text())
+    if other:   # rank 0's update shuffler on every rank, each rank's own sampling seed
+        _restore_rng(path / "rng-rank0.pt", gen)
+        ws.reseed(state, rank)
+    elif (path / f"rng-rank{rank}.pt").exists():
+        _restore_rng(path / f"rng-rank{rank}.pt", gen)
+    return state
 
-            raise UserError(f"checkpoint file {rng_file} is not an rltune RNG state ({type(err).__name__}: "
-                            f"{str(err)[:120]})\n  fix: resume from another checkpoint, or start fresh with "
-                            "--resume never") from err
-    return json.loads((path / "state.json").read_text())
+
+def _restore_rng(rng_file: Path, gen: torch.Generator) -> None:
+    try:
+        set_rng_state(load_tensors_only(rng_file), gen)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as err:
+        from ..errors import UserError
+
+        raise UserError(f"checkpoint file {rng_file} is not an rltune RNG state ({type(err).__name__}: "
+                        f"{str(err)[:120]})\n  fix: resume from another checkpoint, or start fresh with "
+                        "--resume never") from err
 
 
 @contextlib.contextmanager

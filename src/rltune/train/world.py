@@ -66,46 +66,39 @@ def _convert(ds_dir: Path, out: Path, allowed: list) -> None:
         ds_to_universal.main(args)
 
 
-def load_resharded(path: Path, engines: dict, gen: torch.Generator, rank: int, saved: int, world: int,
-                   state: dict) -> None:
-    from .checkpoint import _WeightsOnlyLoads, adaptation_of, load_tensors_only, set_rng_state
-
+def load_universal(engine, role_dir: Path, rank: int, allowed: list, frozen: bool) -> None:
+    """Load a role whose optimizer state is partitioned, written by another number of ranks: rank 0
+    converts it to DeepSpeed's universal format in a folder of our own beside the checkpoint, every
+    rank loads its new shard from it, the folder is removed."""
+    tmp = role_dir.parent.parent / f".universal-{role_dir.parent.name}-{role_dir.name}"
     if rank == 0:
-        LOG.info("resuming %s, written by %d rank(s), on %d: the optimizer state is re-partitioned, each rank's "
-                 "sampling RNG starts from (seed, step, rank) (docs/scale.md)", path.name, saved, world)
-    with _WeightsOnlyLoads() as loads:
-        for name, engine in engines.items():
-            if engine is None:
-                continue
-            adaptation = adaptation_of(engine)
-            adaptation.check_base(engine, path / name, name)
-            frozen = adaptation.checkpoint_frozen(engine)
-            if not partitioned(engine):
-                engine.load_checkpoint(str(path / name), tag="ds", load_optimizer_states=True,
-                                       load_lr_scheduler_states=True, load_module_strict=not frozen)
-                continue
-            tmp = path.parent / f".universal-{path.name}-{name}"     # ours: made and removed here
-            if rank == 0:
-                if tmp.is_symlink() or tmp.is_file():
-                    tmp.unlink()
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir()
-                _convert(path / name / "ds", tmp / "ds", loads.allowed)
-            barrier()
-            engine._config.load_universal_checkpoint = True
-            try:
-                engine.load_checkpoint(str(tmp), tag="ds", load_optimizer_states=True,
-                                       load_lr_scheduler_states=True, load_module_strict=not frozen)
-            finally:
-                engine._config.load_universal_checkpoint = False
-            barrier()
-            if rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-    shuffler = load_tensors_only(path / "rng-rank0.pt")
-    set_rng_state(shuffler, gen)            # rank 0's streams, then each rank's own sampling seed
-    seed = int(state.get("seed") or 0) * 1_000_003 + int(state.get("step", 0)) * 1_009 + rank
-    random.seed(seed)
+        if tmp.is_symlink() or tmp.is_file():
+            tmp.unlink()
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        _convert(role_dir / "ds", tmp / "ds", allowed)
+    barrier()
+    engine._config.load_universal_checkpoint = True
+    try:
+        engine.load_checkpoint(str(tmp), tag="ds", load_optimizer_states=True, load_lr_scheduler_states=True,
+                               load_module_strict=not frozen)
+    finally:
+        engine._config.load_universal_checkpoint = False
+    barrier()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def reseed(state: dict, rank: int) -> None:
+    """Each rank's sampling RNG (python, numpy, torch) from (seed, step, rank)."""
     import numpy as np
 
+    seed = int(state.get("seed") or 0) * 1_000_003 + int(state.get("step", 0)) * 1_009 + rank
+    random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def announce(path: Path, saved: int, world: int) -> None:
+    LOG.info("resuming %s, written by %d rank(s), on %d: the optimizer state is re-partitioned, each rank's "
+             "sampling RNG starts from (seed, step, rank) (docs/scale.md)", path.name, saved, world)
