@@ -56,3 +56,14 @@ def test_port_check_only_where_this_node_opens_the_rendezvous(taken_port):
     assert "is in use" in rendezvous_problem(args + ["--node-rank", "0"], 2)
     assert rendezvous_problem(args + ["--node-rank", "1"], 2) is None
     assert "is in use" in rendezvous_problem(args, 1)
+
+
+@pytest.mark.parametrize("text,says", [(None, "no such file"), ("# only a comment\n", "no host in it"),
+                                       ("node1 slots=8\nnode2 8\n", "line 2: 'node2 8' is not `HOST slots=N`")])
+def test_deepspeed_hostfile_mistakes_name_the_file_and_line(tmp_path, text, says):
+    hostfile = tmp_path / "hostfile"
+    if text is not None:
+        hostfile.write_text(text)
+    res, _ = _train(tmp_path, "--launcher", "deepspeed", "--hostfile", str(hostfile))
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert says in res.stderr and "Traceback" not in res.stderr and "launching" not in res.stderr

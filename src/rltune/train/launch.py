@@ -86,7 +86,41 @@ def rendezvous_problem(launcher_args: list[str], nnodes: int) -> str | None:
     return None
 
 
+def hostfile_problem(launcher_args: list[str]) -> str | None:
+    """The DeepSpeed launcher's hostfile (`HOST slots=N` per line, # comments): missing or malformed,
+    as rltune's message naming the file and line (the launcher would fail with a traceback)."""
+    import re
+    from pathlib import Path
+
+    name = _arg(launcher_args, "--hostfile")
+    if not name:
+        return None
+    path = Path(name)
+    if not path.is_file():
+        return f"--hostfile {name}: no such file\n  fix: write one line per host, `HOST slots=N` (N: ranks on it)"
+    hosts = 0
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for i, line in enumerate(f, 1):
+            if i > 100_000:
+                return f"{name}: more than 100,000 lines; a hostfile has one line per host"
+            text = line.split("#", 1)[0].strip()
+            if not text:
+                continue
+            if not re.fullmatch(r"[A-Za-z0-9_.:\-\[\]]+\s+slots=[1-9][0-9]{0,4}", text):
+                return (f"{name}, line {i}: {text[:80]!r} is not `HOST slots=N`\n  fix: one host per line, e.g. "
+                        "`node1 slots=8` (DeepSpeed's hostfile format)")
+            hosts += 1
+    if not hosts:
+        return f"{name}: no host in it\n  fix: one line per host, `HOST slots=N`"
+    return None
+
+
 def launch(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args, extra=()) -> int:
+    if recipe.trainer.launcher == "deepspeed":
+        problem = hostfile_problem(launcher_args)
+        if problem:
+            print(f"rltune: {problem}", file=sys.stderr)
+            return 2
     if recipe.trainer.launcher == "torchrun":
         problem = rendezvous_problem(launcher_args, recipe.trainer.nnodes)
         if problem:
