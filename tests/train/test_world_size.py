@@ -81,6 +81,32 @@ def _tiny(roles):
     return [x for role in roles for x in ("--set", f"{role}.lr={TINY_LR[f'{role}.lr']}")]
 
 
+KEYS = ["reward/mean", "reward/std", "kl", "actor/loss", "actor/grad_norm", "critic/loss", "critic/grad_norm",
+        "critic/explained_var", "response/length_mean", "actor/entropy"]
+
+
+def test_two_ranks_then_one_equals_uninterrupted(tmp_path):
+    """Greedy PPO (the rollout does not depend on any RNG, so nothing depends on the world size):
+    2 ranks for steps 1-2, then 1 rank for steps 3-4 from the 2-rank checkpoint (ZeRO-1, actor and
+    critic re-partitioned) logs what an uninterrupted 2-rank run logs, step for step (to the
+    tolerance within which 2 ranks equal 1: tests/train/test_multirank.py)."""
+    common = dict(rollout__do_sample=False, trainer__max_steps=4, trainer__eval_every=0, trainer__save_every=1,
+                  actor__zero_stage=1, critic__zero_stage=1, logging__sample_every=0)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _train(tiny_recipe(tmp_path / "a", "tiny-ppo.yaml", **common), 2)
+    path = tiny_recipe(tmp_path / "b", "tiny-ppo.yaml", **{**common, "trainer__max_steps": 2})
+    _train(path, 2)
+    res = _train(path, 1, "--resume", "auto", "--set", "trainer.max_steps=4")
+    assert "written by 2 rank(s), on 1" in res.stderr
+    a, b = read_metrics(tmp_path / "a" / "run"), read_metrics(tmp_path / "b" / "run")
+    assert [m["step"] for m in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b):
+        for k in KEYS:
+            assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-5), (x["step"], k, x[k], y[k])
+
+
+@pytest.mark.slow
 def test_two_ranks_resume_on_one_actor_and_critic_zero1(tmp_path):
     _two_ranks_then_one(tmp_path, "tiny-ppo.yaml", ("actor", "critic"), actor__zero_stage=1, critic__zero_stage=1)
 
