@@ -184,3 +184,28 @@ def test_eval_rewards_leave_the_normaliser_alone():
     res = rc(["1+1="], ["2"], {}, training=False)
     assert rc.state_dict() == before
     assert res.scores == res.raw["builtin:format"]
+
+
+@pytest.mark.parametrize("worlds", [(2, 1, 4), (4, 2, 1), (1, 4, 2)])
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_sampler_position_survives_a_world_size_change(worlds, drop_last):
+    """Resume on another world size (docs/scale.md): the sampler's state is global, so ranks of any
+    number that load it go on with the same prompt stream. Three calls on each world size in turn,
+    the state handed over as a checkpoint carries it: the prompts drawn, all ranks together, are
+    exactly those of one rank drawing throughout; every prompt once per epoch."""
+    from rltune.data.sampler import PromptSampler
+
+    n, per_call, seed = 20, 8, 3                       # prompts per generation call, all ranks together
+    one = PromptSampler(n, per_call, seed, True, drop_last)
+    expected = [one.next_batch() for _ in range(9)]
+    state, drawn = None, []
+    for world in worlds:
+        ranks = [PromptSampler(n, per_call // world, seed, True, drop_last, r, world) for r in range(world)]
+        for s in ranks:
+            if state is not None:
+                s.load_state_dict(state)
+        for _ in range(3):
+            drawn.append(sum((s.next_batch() for s in ranks), []))
+        assert len({str(s.state_dict()) for s in ranks}) == 1
+        state = ranks[0].state_dict()
+    assert drawn == expected
