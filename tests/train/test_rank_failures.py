@@ -96,3 +96,20 @@ def test_max_restarts_continues_from_the_last_checkpoint_equal_to_uninterrupted(
     for x, y in zip(a, b):
         for k in ("reward/mean", "kl", "actor/loss", "response/length_mean"):
             assert abs(x[k] - y[k]) <= 1e-6 * max(1.0, abs(x[k])), (x["step"], k, x[k], y[k])
+
+
+@pytest.mark.parametrize("codes,expect", [([130, 130], 130), ([130, -15], 130), ([-15, 130], 130), ([-15], 1),
+                                          ([130, -9], 1), ([2, 2], 2), ([2, 1], 1), ([1], 1)])
+def test_the_job_exit_code_from_the_ranks(codes, expect, capsys):
+    """130 (a stop request) also when torchrun's teardown SIGTERM caught a rank on its way out after
+    the shared save (seen in CI); 2 (bad input) only when every rank says so; else 1, each named."""
+    import signal
+    from types import SimpleNamespace
+
+    from rltune.train.torchrun import report
+
+    failures = {r: SimpleNamespace(exitcode=c, pid=100 + r, signal_name=lambda c=c: signal.Signals(-c).name)
+                for r, c in enumerate(codes)}
+    assert report(failures) == expect
+    if expect == 1:
+        assert "rltune: rank 0 (pid 100)" in capsys.readouterr().err

@@ -116,8 +116,10 @@ def test_recipe_change_classification():
     with pytest.raises(TrainError, match="--allow-recipe-change"):
         check_changes(changes, False, Path("step-1"), Path("run"))
     for key in ("model.policy", "algorithm.name", "algorithm.group_size", "train.batch_size", "actor.zero_stage",
-                "trainer.precision", "trainer.nproc", "trainer.seed"):
+                "trainer.precision", "trainer.seed"):
         assert key in FIXED
+    # the world size may change: a resume re-partitions (docs/scale.md)
+    assert recipe_changes(old, {**new, "trainer": {**new["trainer"], "nproc": 4, "nnodes": 2}}) == []
 
 
 # ------------------------------------------------------------------ one run per directory

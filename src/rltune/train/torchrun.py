@@ -12,6 +12,7 @@ fix, and exit code 3 (RENDEZVOUS_FAILED).
 
 from __future__ import annotations
 
+import signal
 import sys
 
 RENDEZVOUS_FAILED = 3
@@ -49,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(failures: dict) -> int:
     """Print how each rank failed (global rank -> ProcessFailure); the job's exit code."""
-    if failures and all(f.exitcode == 130 for f in failures.values()):
+    codes = [f.exitcode for f in failures.values()]
+    # a stop request: every rank saves and exits 130; torchrun, seeing the first one go, sends the
+    # others SIGTERM, and a rank still on its way out counts as killed by it (the race is harmless:
+    # the save of the step was complete on every rank before any exited, checkpoint.save's barrier)
+    if codes and 130 in codes and all(c in (130, -signal.SIGTERM) for c in codes):
         return 130
     if failures and all(f.exitcode == 2 for f in failures.values()):
         return 2        # bad input, said by the ranks themselves: not a crash to restart
