@@ -85,25 +85,33 @@ KEYS = ["reward/mean", "reward/std", "kl", "actor/loss", "actor/grad_norm", "cri
         "critic/explained_var", "response/length_mean", "actor/entropy"]
 
 
+def _greedy_handovers(tmp_path, legs, rel, abs_):
+    """Greedy PPO, ZeRO-1 actor and critic: an uninterrupted 2-rank run of the last leg's steps, and
+    the same run handed over between world sizes, `legs` = [(ranks, last step), ...] starting on 2
+    ranks: each leg logs what the uninterrupted run logs, step for step."""
+    common = dict(rollout__do_sample=False, trainer__max_steps=legs[-1][1], trainer__eval_every=0,
+                  trainer__save_every=1, actor__zero_stage=1, critic__zero_stage=1, logging__sample_every=0)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _train(tiny_recipe(tmp_path / "a", "tiny-ppo.yaml", **common), 2)
+    path = tiny_recipe(tmp_path / "b", "tiny-ppo.yaml", **{**common, "trainer__max_steps": legs[0][1]})
+    _train(path, legs[0][0])
+    for (before, _), (ranks, last) in zip(legs, legs[1:]):
+        res = _train(path, ranks, "--resume", "auto", "--set", f"trainer.max_steps={last}")
+        assert f"written by {before} rank(s), on {ranks}" in res.stderr
+    a, b = read_metrics(tmp_path / "a" / "run"), read_metrics(tmp_path / "b" / "run")
+    assert [m["step"] for m in b] == list(range(1, legs[-1][1] + 1))
+    for x, y in zip(a, b):
+        for k in KEYS:
+            assert y[k] == pytest.approx(x[k], rel=rel, abs=abs_), (x["step"], k, x[k], y[k])
+
+
 def test_two_ranks_then_one_equals_uninterrupted(tmp_path):
     """Greedy PPO (the rollout does not depend on any RNG, so nothing depends on the world size):
     2 ranks for steps 1-2, then 1 rank for steps 3-4 from the 2-rank checkpoint (ZeRO-1, actor and
     critic re-partitioned) logs what an uninterrupted 2-rank run logs, step for step (to the
     tolerance within which 2 ranks equal 1: tests/train/test_multirank.py)."""
-    common = dict(rollout__do_sample=False, trainer__max_steps=4, trainer__eval_every=0, trainer__save_every=1,
-                  actor__zero_stage=1, critic__zero_stage=1, logging__sample_every=0)
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    _train(tiny_recipe(tmp_path / "a", "tiny-ppo.yaml", **common), 2)
-    path = tiny_recipe(tmp_path / "b", "tiny-ppo.yaml", **{**common, "trainer__max_steps": 2})
-    _train(path, 2)
-    res = _train(path, 1, "--resume", "auto", "--set", "trainer.max_steps=4")
-    assert "written by 2 rank(s), on 1" in res.stderr
-    a, b = read_metrics(tmp_path / "a" / "run"), read_metrics(tmp_path / "b" / "run")
-    assert [m["step"] for m in b] == [1, 2, 3, 4]
-    for x, y in zip(a, b):
-        for k in KEYS:
-            assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-5), (x["step"], k, x[k], y[k])
+    _greedy_handovers(tmp_path, [(2, 2), (1, 4)], rel=1e-4, abs_=1e-5)
 
 
 @pytest.mark.slow
@@ -140,17 +148,4 @@ def test_two_ranks_then_one_then_four_equals_uninterrupted(tmp_path):
     1e-4: 4 ranks sum the gradients in another order than 2, and at the tiny recipes' lr (1e-2) that
     float noise grows to ~1e-4 relative by step 5 (actor/loss, a difference of O(1) terms, is ~1e-5
     itself); Adam state lost or misplaced in the hand-over moves these at the percent level."""
-    common = dict(rollout__do_sample=False, trainer__max_steps=5, trainer__eval_every=0, trainer__save_every=1,
-                  actor__zero_stage=1, critic__zero_stage=1, logging__sample_every=0)
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    _train(tiny_recipe(tmp_path / "a", "tiny-ppo.yaml", **common), 2)
-    path = tiny_recipe(tmp_path / "b", "tiny-ppo.yaml", **{**common, "trainer__max_steps": 2})
-    _train(path, 2)
-    assert "written by 2 rank(s), on 1" in _train(path, 1, "--resume", "auto", "--set", "trainer.max_steps=3").stderr
-    assert "written by 1 rank(s), on 4" in _train(path, 4, "--resume", "auto", "--set", "trainer.max_steps=5").stderr
-    a, b = read_metrics(tmp_path / "a" / "run"), read_metrics(tmp_path / "b" / "run")
-    assert [m["step"] for m in b] == [1, 2, 3, 4, 5]
-    for x, y in zip(a, b):
-        for k in KEYS:
-            assert y[k] == pytest.approx(x[k], rel=1e-3, abs=1e-4), (x["step"], k, x[k], y[k])
+    _greedy_handovers(tmp_path, [(2, 2), (1, 3), (4, 5)], rel=1e-3, abs_=1e-4)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..models.adaptation import adaptation_of
-from .collective import barrier
+from .collective import barrier, world_size
 from .manifest import verify  # noqa: F401  (checkpoint.verify: the received-data checks live there)
 
 CKPT_DIR = "checkpoints"
@@ -109,7 +109,7 @@ def save(run_dir: Path, step: int, engines: dict, state: dict, gen: torch.Genera
             pause(step)
         barrier()
         if rank == 0:
-            state = {**state, "world_size": _world_size()}     # a resume on another world size reads it
+            state = {**state, "world_size": world_size()}     # a resume on another world size reads it
             (tmp / "state.json").write_text(json.dumps(state, indent=1, allow_nan=True))
             write_manifest(tmp, {"step": step, "recipe_hash": state.get("recipe_hash")})
             _swap_in(tmp, final)
@@ -220,19 +220,10 @@ class _WeightsOnlyLoads:
         return False
 
 
-def _world_size() -> int:
-    import torch.distributed as tdist
-
-    return tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
-
-
-def saved_world_size(path: Path) -> int:
-    """The world size checkpoint `path` was written with: state.json's `world_size`, or (written
+def saved_world_size(path: Path, state: dict) -> int:
+    """The world size checkpoint `path` was written with: its state.json's `world_size`, or (written
     before rltune recorded it) the number of per-rank RNG files."""
-    try:
-        world = json.loads((path / "state.json").read_text()).get("world_size")
-    except (OSError, ValueError):
-        world = None
+    world = state.get("world_size")
     if isinstance(world, int) and not isinstance(world, bool) and world >= 1:
         return world
     return max(1, len(list(path.glob("rng-rank*.pt"))))
@@ -245,7 +236,8 @@ def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
     rank 0's stream on every rank; each rank's sampling RNG starts afresh from (seed, step, rank)."""
     from . import world as ws
 
-    saved, world = saved_world_size(path), _world_size()
+    state = json.loads((path / "state.json").read_text())
+    saved, world = saved_world_size(path, state), world_size()
     other = saved != world
     if other and rank == 0:
         ws.announce(path, saved, world)
@@ -257,12 +249,11 @@ def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
                 frozen = adaptation.checkpoint_frozen(engine)      # LoRA: the trainable parameters only
                 if other and ws.partitioned(engine):
                     ws.load_universal(engine, path / name, rank, loads.allowed, frozen)
-                    continue
-                engine.load_checkpoint(str(path / name), tag="ds", load_optimizer_states=True,
-                                       load_lr_scheduler_states=True, load_module_strict=not frozen)
+                else:
+                    engine.load_checkpoint(str(path / name), tag="ds", load_optimizer_states=True,
+                                           load_lr_scheduler_states=True, load_module_strict=not frozen)
                 if frozen:
                     _check_trainable_loaded(path / name, engine, loads.allowed)
-    state = json.loads((path / "state.json").read_text())
     if other:   # rank 0's update shuffler on every rank, each rank's own sampling seed
         _restore_rng(path / "rng-rank0.pt", gen)
         ws.reseed(state, rank)

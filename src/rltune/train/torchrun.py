@@ -56,7 +56,7 @@ def report(failures: dict) -> int:
     # the save of the step was complete on every rank before any exited, checkpoint.save's barrier)
     if codes and 130 in codes and all(c in (130, -signal.SIGTERM) for c in codes):
         return 130
-    if failures and all(f.exitcode == 2 for f in failures.values()):
+    if codes and all(c == 2 for c in codes):
         return 2        # bad input, said by the ranks themselves: not a crash to restart
     for rank, f in sorted(failures.items()):
         how = f"was killed by {f.signal_name()}" if f.exitcode < 0 else f"exited with code {f.exitcode}"
