@@ -116,7 +116,7 @@ class KLCfg(Section):
 
 class RolloutCorrectionCfg(Section):
     mode: Literal["auto", "none", "tis", "mis"] = F(
-        "auto", "Rollout/trainer mismatch correction: tis = truncated importance weights, mis = masked; auto = tis with vllm, none with hf.")
+        "auto", "Rollout/trainer mismatch correction: tis = truncated importance weights, mis = masked; auto = tis with vllm or rollout.asynchronous, none with hf (synchronous).")
     cap: float = F(2.0, "Importance-weight cap C: tis clips weights at C; mis zeroes tokens whose weight is outside [1/C, C].", gt=1, le=1000)
 
 
@@ -196,9 +196,16 @@ class RolloutServerCfg(Section):
     trainer_address: Optional[str] = F(None, "weight_transfer gloo: the address the server's workers reach the trainer at; null = the address this machine uses to reach the server.")
 
 
+class AsyncCfg(Section):
+    max_staleness: int = F(0, "Generation one step ahead (docs/async.md): 0 = synchronous (generate, then train: on-policy); K >= 1 = the next K steps' batches are generated while the trainer trains, and no trained token was sampled more than K weight versions ago (checked per token from the version that sampled it).", ge=0, le=16)
+    partial: bool = F(False, "rollout.engine vllm-server with max_staleness >= 1: a weight sync does not wait for the batch being generated; its requests are paused (kept), the weights swapped and generation resumed, each token carrying the version that sampled it (partial rollouts). Off: the sync waits, and every batch is sampled with one version.")
+    on_stale: Literal["regenerate", "drop"] = F("regenerate", "A group with a token older than max_staleness versions when its step comes (after a rollback, or a resume on another world size): generate it again with the current weights, or drop it (counted in async/dropped; groups stay whole).")
+
+
 class RolloutCfg(Section):
     engine: Literal["auto", "hf", "vllm", "vllm-server"] = F("auto", "Generation engine: auto = vllm when installed and usable, else hf; vllm-server = vLLM's own server in a child process (or rollout.server.url), docs/rollout-server.md.")
     server: RolloutServerCfg = F(RolloutServerCfg(), "rollout.engine vllm-server: the server rltune starts, or attaches to.")
+    asynchronous: AsyncCfg = F(AsyncCfg(), "Overlap generation with training (one step ahead, a staleness bound, off-policy correction): docs/async.md.")
     batch_size: int = F(8, "Sequences generated per generation call (prompts x group_size).", ge=1, le=1_000_000)
     max_new_tokens: int = F(64, "Max tokens generated per response.", ge=1, le=131072)
     do_sample: bool = F(True, "Sample (True) or decode greedily (False: deterministic, for debugging; not with groups).")

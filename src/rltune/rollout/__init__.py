@@ -82,10 +82,12 @@ def _model_supported(model_dir: str, kind: str) -> tuple[bool, str]:
 
 
 def pick_engine(recipe_engine: str, device: str, model_dir: str | None = None,
-                world_size: int = 1) -> tuple[str, str]:
+                world_size: int = 1, asynchronous: bool = False) -> tuple[str, str]:
     """Resolve `rollout.engine` -> (engine name, one-line reason for the log).
 
-    `vllm` that cannot be used raises RolloutEngineError; `auto` falls back to `hf`.
+    `vllm` that cannot be used raises RolloutEngineError; `auto` falls back to `hf`. With
+    `asynchronous` (rollout.asynchronous.max_staleness >= 1) `auto` takes vllm-server where it
+    would take vllm: the in-process engine cannot generate while the trainer trains.
     """
     if recipe_engine == "hf":
         return "hf", "rollout engine hf (rollout.engine: hf)"
@@ -93,10 +95,16 @@ def pick_engine(recipe_engine: str, device: str, model_dir: str | None = None,
         return "vllm-server", "rollout engine vllm-server (rollout.engine: vllm-server)"
     ok, why = vllm_usable(device, model_dir, world_size)
     if recipe_engine == "vllm":
+        if asynchronous:
+            raise RolloutEngineError("rollout.engine: vllm (in-process) cannot generate while the trainer trains "
+                                     "(rollout.asynchronous.max_staleness >= 1)\n  fix: set rollout.engine: "
+                                     "vllm-server (or hf), or rollout.asynchronous.max_staleness: 0")
         if not ok:
             raise RolloutEngineError(f"rollout.engine: vllm, but {why}; fix: install it or set "
                                      "rollout.engine: auto (falls back to hf)")
         return "vllm", f"rollout engine vllm (rollout.engine: vllm; {why})"
+    if ok and asynchronous:
+        return "vllm-server", f"rollout engine vllm-server (auto with rollout.asynchronous: {why})"
     if ok:
         return "vllm", f"rollout engine vllm (auto: {why})"
     return "hf", f"rollout engine hf (auto: {why})"
@@ -163,7 +171,8 @@ def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size
 
     adaptation = adaptation or adaptation_for(recipe)
     model_dir = resolve_model_dir(recipe.model.policy)
-    name, reason = pick_engine(recipe.rollout.engine, device, model_dir, world_size)
+    name, reason = pick_engine(recipe.rollout.engine, device, model_dir, world_size,
+                               recipe.rollout.asynchronous.max_staleness > 0)
     problem = adaptation.check_rollout(name)
     if problem and recipe.rollout.engine == "vllm":
         raise UserError(problem)

@@ -22,6 +22,8 @@ class Experience:
     loss_mask: Optional[torch.Tensor] = None     # (B, T) float, 1 = a token the model generated (trained);
                                                  # None = response_mask (single-turn: every real token is the model's)
     rollout_logp: Optional[torch.Tensor] = None  # (B, T) log-probs the rollout engine reports (pi_rollout)
+    versions: Optional[torch.Tensor] = None      # (B, T) long: the weight version that sampled each token
+                                                 # (rollout.asynchronous; None when synchronous)
     index: Optional[torch.Tensor] = None         # (B,) long: row number in the step (kept by `select`)
 
     # -- outcome (from the reward functions / model) --
@@ -119,6 +121,8 @@ class Experience:
         )
         if all(p.rollout_logp is not None for p in parts):
             out.rollout_logp = torch.cat([right(p.rollout_logp, T, 0.0) for p in parts])
+        if all(p.versions is not None for p in parts):
+            out.versions = torch.cat([right(p.versions, T, -1) for p in parts])
         if all(p.truncated is not None for p in parts):
             out.truncated = torch.cat([p.truncated for p in parts])
         if any(p.loss_mask is not None for p in parts):

@@ -45,6 +45,7 @@ class HFRollout:
         # cache is one we checked (the trainer's shared-prompt passes use the same test)
         self.share_prompts = share_prompts and shared_prompt_reason(self.model) is None
         self.share_weights = True     # see `sync_weights`
+        self.version = 0              # weight syncs done
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = tokenizer.eos_token_id
@@ -153,6 +154,7 @@ class HFRollout:
                 if target.data_ptr() == tensor.data_ptr():
                     target.data = target.data.clone()
                 target.data.copy_(tensor.to(target.device, target.dtype))
+        self.version += 1
         return (time.perf_counter() - t0) * 1000.0
 
     def own_copy(self) -> None:

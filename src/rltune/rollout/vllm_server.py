@@ -77,6 +77,9 @@ class VLLMServerRollout:
         self.timeout_s = float(srv.request_timeout_s)
         self.pool = ThreadPoolExecutor(max_workers=int(srv.max_in_flight), thread_name_prefix="rltune-rollout")
         self.version = 0                  # weight syncs done: the version the server's weights carry
+        # "wait": a sync lets the requests in flight finish first; "keep" (rollout.asynchronous.partial):
+        # they are paused, continue with the new weights and report the version of each token
+        self.pause_mode = "wait"
         self.sync_bucket_bytes = SYNC_BUCKET_BYTES
         self.stale_samples = 0            # samples whose weight version was not the latest
         self.last_sync_ms: float | None = None
@@ -204,17 +207,22 @@ class VLLMServerRollout:
                              f"the rollout server's max_model_len {self.max_model_len}; raise rollout.max_model_len "
                              "or lower data.max_prompt_length")
         params = self._params(sampling)
+        sent_version = self.version
         answers = list(self.pool.map(
             lambda p: self._post("/inference/v1/generate", {"token_ids": [int(t) for t in p], "sampling_params": params}),
             prompt_ids))
         rows: list[tuple[list[int], list[float]]] = []
+        versions: list[list[int]] = []
         for answer in answers:
             choices = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
             if len(choices) != sampling.n:
                 raise ServerError(f"the rollout server returned {len(choices)} samples for a prompt, expected {sampling.n}")
             for c in choices:
                 rows.append(self._sample(c))
-        return experience_from_samples(prompt_ids, rows, sampling.n, self.pad_id, self.eos_ids)
+                versions.append(token_versions(c.get("weight_versions"), len(rows[-1][0]), sent_version))
+        exp = experience_from_samples(prompt_ids, rows, sampling.n, self.pad_id, self.eos_ids)
+        exp.versions = torch_versions(versions, exp.response_width)
+        return exp
 
     def _sample(self, choice: dict) -> tuple[list[int], list[float]]:
         """(token ids, log-probs) of one sample; counts it stale when it was (partly) sampled with
@@ -242,7 +250,7 @@ class VLLMServerRollout:
         weights = self.adaptation.full_weights(actor)
         if self.tied_embeddings:   # vLLM's CPU backend keeps its own packed copy of the head
             weights = _with_tied_head(weights, self.adaptation.input_embedding_name(actor))
-        self._post("/pause?mode=wait")
+        self._post(f"/pause?mode={self.pause_mode}")
         try:
             self._post("/start_weight_update")
             bucket: dict = {}
@@ -258,9 +266,15 @@ class VLLMServerRollout:
             self._post("/finish_weight_update", {"weight_version": str(self.version + 1)})
             self.version += 1
             self.expected_version = str(self.version)
+            if self.pause_mode == "keep":
+                # the paused requests' keys/values were computed with the old weights: they are
+                # preempted and computed again with the new ones when generation resumes, so every
+                # token sampled from here on is the new policy's, given its whole context
+                self._post("/reset_prefix_cache?reset_running_requests=true")
         finally:
             self._post("/resume")
-        self._post("/reset_prefix_cache")
+        if self.pause_mode != "keep":
+            self._post("/reset_prefix_cache")
         self.last_sync_ms = (time.perf_counter() - t0) * 1000.0
         return self.last_sync_ms
 
@@ -330,3 +344,28 @@ class VLLMServerRollout:
         if self.process is not None:
             self.process.stop()
             self.process = None
+
+
+def token_versions(spans, n_tokens: int, default: int) -> list[int]:
+    """The weight version of each of a sample's `n_tokens` tokens, from the server's spans
+    (`weight_versions`: [{"version": "3", "start": 0, "end": 12}, ...], labels = rltune's sync
+    numbers; the weights loaded at start carry none: version 0). No spans: `default` (the
+    version when the request was sent; with pause mode "wait" nothing changes during it)."""
+    out = [int(default)] * n_tokens
+    for span in spans or []:
+        label = str(span.get("version"))
+        v = int(label) if label.isdigit() else 0
+        start, end = max(0, int(span.get("start", 0))), min(n_tokens, int(span.get("end", n_tokens)))
+        out[start:end] = [v] * max(0, end - start)
+    return out
+
+
+def torch_versions(rows: list[list[int]], width: int):
+    """(B, T) long: each row's token versions, -1 past its last token."""
+    import torch
+
+    out = torch.full((len(rows), width), -1, dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            out[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+    return out

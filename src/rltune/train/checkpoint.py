@@ -82,10 +82,12 @@ def set_rng_state(state: dict, gen: torch.Generator) -> None:
 
 
 def save(run_dir: Path, step: int, engines: dict, state: dict, gen: torch.Generator, rank: int,
-         keep: int, pause=None) -> Path:
+         keep: int, pause=None, inflight: dict | None = None) -> Path:
     """Write checkpoint `step` atomically (every rank calls this). Whatever stops it (an
     exception, a full disk, a second Ctrl-C) removes the partial temp dir; the checkpoints
-    already there are never touched until the new one is complete. `pause(step)`: a test hook."""
+    already there are never touched until the new one is complete. `pause(step)`: a test hook.
+    `inflight`: rollout.asynchronous's batches generated ahead (tensors and plain data), saved as
+    inflight-rank{R}.pt."""
     root = run_dir / CKPT_DIR
     final = root / f"{PREFIX}{step:08d}"
     tmp = root / f".tmp-{PREFIX}{step:08d}"
@@ -105,6 +107,8 @@ def save(run_dir: Path, step: int, engines: dict, state: dict, gen: torch.Genera
                                            exclude_frozen_parameters=frozen)
                 adaptation.save_base(engine, tmp / name, rank, name)
         torch.save(rng_state(gen), tmp / f"rng-rank{rank}.pt")
+        if inflight:
+            torch.save(inflight, tmp / f"inflight-rank{rank}.pt")
         if pause is not None:  # tests: a window in which the save is half done (faults.py)
             pause(step)
         barrier()

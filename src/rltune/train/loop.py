@@ -19,6 +19,10 @@ Per step:
   9. sync       actor weights -> rollout engine (timed: timing/sync_ms); the KL controller updates
  10. metrics    metrics.jsonl, trackers, health monitor, autotune, console
 
+With rollout.asynchronous.max_staleness K >= 1, steps 1-2 run ahead in a producer thread (the
+batches of the next K steps, `pipeline.py`) and step 9 hands the weights over on its schedule;
+steps 3-8 are unchanged: the behaviour pass is the proximal policy of decoupled PPO.
+
 Every log-prob (rollout, behaviour, reference, update) is taken at `recipe.logprob_temperature`.
 """
 
@@ -201,8 +205,13 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, mar
     t_start = time.perf_counter()
     timings = {}
 
-    # 1-2. generate and score (dynamic sampling, overlong penalty, truncation mask: `sampling`)
-    drawn = sample_step(c)
+    # 1-2. generate and score (dynamic sampling, overlong penalty, truncation mask: `sampling`);
+    #      with rollout.asynchronous, the batch the producer generated ahead (`pipeline`)
+    async_m: dict = {}
+    if c.pipeline is None:
+        drawn = sample_step(c)
+    else:
+        drawn, async_m = c.pipeline.take(step)
     b = drawn.batch
     timings["timing/rollout_s"], timings["timing/reward_s"] = drawn.rollout_s, drawn.reward_s
     if mark is not None:
@@ -218,9 +227,13 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, mar
 
     # 9. weight sync actor -> rollout engine; the KL controller (adaptive with algorithm.kl.target)
     c.rollout.wake_up()
-    sync_ms = c.rollout.sync_weights(c.actor)
+    if c.pipeline is None:
+        sync_ms = c.rollout.sync_weights(c.actor)
+    else:   # without partial rollouts, once the batch of step + K is generated
+        sync_ms, waited = c.pipeline.sync(c.actor, step)
+        async_m["async/idle_trainer_s"] += waited
     timings["timing/sync_ms"] = sync_ms
-    if hasattr(c.rollout, "stale_samples"):   # vllm-server: samples not from the latest weights (should be 0)
+    if hasattr(c.rollout, "stale_samples") and c.pipeline is None:   # vllm-server: should be 0
         timings["rollout/stale_samples"], c.rollout.stale_samples = float(c.rollout.stale_samples), 0
     LOG.debug("Actor resharding time: %d ms", round(sync_ms))
     pm = policy_metrics(c, exp)
@@ -257,6 +270,7 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, mar
         m["critic/explained_var"] = explained_variance(exp.old_values, exp.returns, mask)
     m.update(pm)
     m.update(timings)
+    m.update(async_m)
     return m
 
 

@@ -149,6 +149,7 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, ove
     if started is not None:
         started.append(True)
     try:
+        _start_pipeline(run, state, resume_path)
         # 7. train
         try:
             exit_code = run_steps(run)
@@ -176,6 +177,8 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, ove
             signal.signal(s, h)
         for sink in run.sinks:
             sink.close()
+        if run.c.pipeline is not None:
+            run.c.pipeline.close()
         run.c.rollout.close()   # a rollout server ends with the run, not with the process
     if exit_code == EXIT_INTERRUPTED:
         LOG.warning("interrupted at step %d; resume with: %s", run.step, run.hint)
@@ -325,6 +328,44 @@ def _start_monitoring(run: Run, state: dict | None, changes: list, resume_path: 
     if notes:
         LOG.warning("resuming with a changed recipe (--allow-recipe-change); taking effect now: %s",
                     "; ".join(notes))
+
+
+def _start_pipeline(run: Run, state: dict | None, resume_path: Path | None) -> None:
+    """6b. rollout.asynchronous: the producer that generates ahead (pipeline.py). A resume restores
+    the batches the checkpoint holds (generated, not trained) or, where it cannot (another
+    max_staleness or world size, a missing or unreadable file), generates them again from where
+    they began: no prompt is lost either way."""
+    from .checkpoint import load_tensors_only
+    from .collective import world_size
+    from .pipeline import Pipeline, unpack
+
+    c, K = run.c, run.recipe.rollout.asynchronous.max_staleness
+    entry = (state or {}).get("async")
+    inflight, why = None, None
+    if entry is not None:
+        path = resume_path / f"inflight-rank{run.dist.rank}.pt"
+        if int(entry.get("max_staleness", -1)) != K:
+            why = f"rollout.asynchronous.max_staleness is now {K}"
+        elif int(state.get("world_size", 1)) != world_size():
+            why = "the world size changed"
+        elif entry.get("inflight_steps") and path.is_file():
+            try:
+                loaded = load_tensors_only(path)
+                inflight = {int(j): unpack(d) for j, d in loaded.items()}
+            except Exception as err:  # noqa: BLE001 - any unreadable file: regenerate instead
+                why = f"{path.name} is not readable ({type(err).__name__})"
+            if inflight is not None and sorted(inflight) != [int(j) for j in entry["inflight_steps"]]:
+                inflight, why = None, f"{path.name} does not hold the steps state.json names"
+        elif entry.get("inflight_steps"):
+            why = f"{path.name} is missing"
+        if inflight is None:
+            c.sampler.load_state_dict(entry["sampler_before"])
+            c.rewards.load_state_dict(entry["rewards_before"])
+            if why and K > 0:
+                LOG.warning("[Async] the batches generated ahead of step %d are generated again (%s)",
+                            entry["next_step"], why)
+    if K > 0:
+        c.pipeline = Pipeline(c, run.start + 1, run.recipe.trainer.max_steps, inflight)
 
 
 def _ready(run: Run, state: dict | None) -> None:

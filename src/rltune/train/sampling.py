@@ -93,24 +93,37 @@ def rollout_phase(c, calls: int) -> Scored:
     this rank's share), sampled in one `generate` call: the weights do not change in between, and
     each engine bounds its own memory (hf: chunks of rollout.batch_size sequences; vLLM: its
     scheduler within the KV cache). Scores are not filled yet."""
+    drawn = [c.train_set.rows[i] for _ in range(calls) for i in c.sampler.next_batch()]
+    return generate_rows(c, drawn)
+
+
+def generate_rows(c, drawn: list[dict]) -> Scored:
+    """Step 1 for the given dataset rows: group_size samples of each, prompt-major."""
     r, tok = c.recipe, c.tokenizer
     n = r.algorithm.group_size
     if c.env is not None:   # rollout.env: episodes, turn by turn (episodes.py)
         from .episodes import play
 
-        rows = [c.train_set.rows[i] for _ in range(calls) for i in c.sampler.next_batch()]
-        ep = play(c, rows, c.train_set.prompt_key, n)
+        ep = play(c, drawn, c.train_set.prompt_key, n)
         return Scored(ep.exp, ep.prompts, ep.completions, ep.rows, ep.conversations, {}, ep.env_scores, ep.metrics)
     ids, prompts, rows, conversations = [], [], [], []
-    for _ in range(calls):
-        for row in (c.train_set.rows[i] for i in c.sampler.next_batch()):
-            ids.append(encode_prompt(row, tok, r.data, c.train_set.prompt_key))
-            prompts += [prompt_text(row, c.train_set.prompt_key)] * n
-            conversations += [prompt_messages(row, c.train_set.prompt_key, r.data)] * n
-            rows += [row] * n
+    for row in drawn:
+        ids.append(encode_prompt(row, tok, r.data, c.train_set.prompt_key))
+        prompts += [prompt_text(row, c.train_set.prompt_key)] * n
+        conversations += [prompt_messages(row, c.train_set.prompt_key, r.data)] * n
+        rows += [row] * n
     exp = c.rollout.generate(ids, Sampling.from_recipe(r.rollout, n))
     c.rollout.sleep()  # free rollout memory while training (GPU vLLM; a no-op elsewhere)
     return Scored(exp, prompts, decode(tok, exp, c.rollout), rows, conversations)
+
+
+def rescore(c, rows: list[dict]) -> tuple[Scored, torch.Tensor]:
+    """Steps 1-2 for the given prompts (one dataset row per group): scored, truncated responses
+    masked as asked; with their (B,) lengths. The async pipeline generates groups again that
+    outlived the staleness bound."""
+    s = score(c, generate_rows(c, rows))
+    lengths, _ = mask_truncated(c, s.exp)
+    return s, lengths
 
 
 def score(c, s: Scored) -> Scored:
@@ -216,8 +229,15 @@ def sample_step(c) -> StepBatch:
                         "nothing. Fix: raise max_gen_calls or algorithm.group_size, or make the task easier.",
                         int(tot[2]), int(tot[2] + tot[3]), fg.metric, calls, fg.max_gen_calls, int(tot[3]))
 
-    # responses cut at max_new_tokens: counted, and masked out of the loss when asked
-    exp = batch.exp
+    lengths, trunc_m = mask_truncated(c, batch.exp)
+    m.update(trunc_m)
+    return StepBatch(batch, lengths, m, rollout_s, reward_s)
+
+
+def mask_truncated(c, exp: Experience) -> tuple[torch.Tensor, dict]:
+    """Responses cut at max_new_tokens: counted, and masked out of the loss when asked (in
+    place). Returns ((B,) response lengths before masking, metrics)."""
+    r, m = c.recipe, {}
     lengths = exp.train_mask.sum(-1)                                           # (B,) the model's tokens
     trunc = exp.truncated if exp.truncated is not None else truncated_rows(
         exp.response_ids, exp.response_mask, set(c.rollout.eos_ids), r.rollout.max_new_tokens)  # (B,) bool
@@ -231,4 +251,4 @@ def sample_step(c) -> StepBatch:
             exp.rollout_logp = exp.rollout_logp * exp.train_mask
         n_trunc, n_all = global_sum([float(trunc.sum()), float(trunc.numel())])
         m["rollout/masked_truncated_frac"] = n_trunc / max(n_all, 1.0)
-    return StepBatch(batch, lengths, m, rollout_s, reward_s)
+    return lengths, m

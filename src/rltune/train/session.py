@@ -110,6 +110,11 @@ def save(run: Run, step: int) -> None:
              "eval_start_episode": eval_start.episode if eval_start is not None else None, "good": run.step_ok,
              "monitor": monitor.state_dict() if monitor is not None else None,
              "autotune": tuner.state_dict() if tuner is not None else None}
+    inflight = None
+    if c.pipeline is not None:   # rollout.asynchronous: the batches generated ahead, and where they began
+        c.pipeline.quiesce()
+        state["sampler"], state["rewards"] = c.sampler.state_dict(), c.rewards.state_dict()
+        state["async"], inflight = c.pipeline.state(step)
     stop = run.stop
     if stop.signal is not None:
         LOG.warning("saving checkpoint step %d (%s to abort the save)", step, stop.again())
@@ -117,7 +122,7 @@ def save(run: Run, step: int) -> None:
     try:
         path = ckpt.save(run.run_dir, step, run.engines, state, run.gen, run.dist.rank,
                          run.recipe.trainer.keep_checkpoints,
-                         pause=run.faults.save_pause if run.faults is not None else None)
+                         pause=run.faults.save_pause if run.faults is not None else None, inflight=inflight)
     except KeyboardInterrupt:
         stop.abandoned = step
         raise

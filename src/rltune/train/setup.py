@@ -45,15 +45,19 @@ class Components:
     correction: str = "none"                # algorithm.rollout_correction.mode, resolved: none | tis | mis
     seed: int | None = None                 # the run's seed (drawn on rank 0 when trainer.seed is null)
     env: object = None                      # rollout.env: (environment class, Renderer); None = single-turn
+    pipeline: object = None                 # rollout.asynchronous: the producer (pipeline.Pipeline); None = synchronous
 
 
 def resolve_correction(recipe: Recipe, engine_name: str) -> str:
     """`auto` corrects the mismatch where there is one to correct: vLLM's kernels differ from
-    the trainer's; the hf engine runs the trainer's
-    own model code, so its log-probs match pi_behaviour to rounding."""
+    the trainer's, and samples generated ahead (rollout.asynchronous) come from older weights; the
+    hf engine runs the trainer's own model code, so its on-policy log-probs match pi_behaviour to
+    rounding."""
     mode = recipe.algorithm.rollout_correction.mode
     if mode != "auto":
         return mode
+    if recipe.rollout.asynchronous.max_staleness > 0:   # stale samples: pi_prox / pi_sample (pipeline.py)
+        return "tis"
     return "tis" if engine_name in ("vllm", "vllm-server") else "none"
 
 

@@ -122,10 +122,14 @@ def _roll_back(run: Run, step: int, target: Path, reason: dict, m: dict) -> int:
     them). Returns the checkpoint's step."""
     run.last_eval = None  # the weights it scored are gone
     run.step_ok = True    # the state is now the good checkpoint's (a save of it stays a rollback target)
+    if run.c.pipeline is not None:   # batches generated ahead with the discarded weights: gone
+        run.c.pipeline.flush()
     back_to, run.skipped_in_a_row = _rollback(run.c, run.engines, run.gen, run.knobs, run.monitor, run.tuner,
                                               target, step, reason)
     m["health/skipped_steps"] = run.skipped_in_a_row
     m.update(run.tuner.metrics())
+    if run.c.pipeline is not None:
+        run.c.pipeline.restart(back_to)
     moved = main_first(run.dist, lambda: _discard_after(run.run_dir, back_to))
     run.saved_step = None
     LOG.warning("[AutoTune] step %d: the run goes back to step %d and takes steps %d-%d again, on new batches "

@@ -1,0 +1,300 @@
+"""Generation one step ahead: `rollout.asynchronous.max_staleness: K >= 1` (docs/async.md).
+
+A producer thread runs steps 1-2 of the loop (`sampling.sample_step`: generate and score) for the
+next K steps while the trainer learns from the current one. The schedule is a lockstep, so it is
+deterministic and every lag is known in advance:
+
+  - the batch of step j may start once the trainer has taken the batch of step j - K;
+  - without partial rollouts, the weight sync after step s waits until the batch of step s + K is
+    generated: every batch is sampled with one weight version, and the batch of step j with the
+    weights of step j - K - 1 (its lag is K; the first K + 1 batches of a run or a resume are
+    sampled with the starting weights, lags 0..K);
+  - with partial rollouts (`partial`, vllm-server), the sync does not wait: the server pauses the
+    requests in flight (`/pause?mode=keep`), swaps the weights and resumes them, each token
+    reporting the version that sampled it. Lags are then at most K and timing-dependent.
+
+Versions are policy versions: the number of training steps in the weights (the weights that train
+step s are version s - 1). The engines label what they sample with their own sync count; the
+pipeline maps each sync to the step it carried. The bound is checked per token at the step that
+trains it, from those labels (never from timing): a group with a token older than K versions is
+generated again with the current weights or dropped (`on_stale`), which happens only when the
+schedule was broken from outside (a rollback, a resume on another world size).
+
+Off-policy correction (decoupled PPO; Hilton et al. 2021, used by AReaL, Fu et al. 2025, arXiv
+2505.24298): the clipped ratio's denominator is the proximal policy, the trainer's weights at the
+start of the step (the behaviour pass of the loop, step 4, or the first update's own forward),
+so the trust region is around the current weights however old the sample; the sampling policy
+enters only through the per-token importance weight pi_prox / pi_sample (rollout_logp, reported by
+the engine for the version that sampled each token), truncated (tis) or masked (mis). Recomputing
+log-probs under each sample's own old version would need the old weights kept: the proximal form
+needs nothing more than the synchronous loop computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+
+import torch
+
+from .console import LOG
+from .sampling import Scored, StepBatch, rescore, sample_step
+
+
+class _Stamped:
+    """The rollout engine as the producer sees it: every generation call's samples carry the
+    engine's weight version (its sync count) per token, when the engine does not report them
+    itself (hf: nothing changes its weights during a call)."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def generate(self, prompt_ids, sampling):
+        version = int(self._engine.version)
+        exp = self._engine.generate(prompt_ids, sampling)
+        if exp.versions is None:
+            exp.versions = torch.full(exp.response_ids.shape, version, dtype=torch.long)
+        return exp
+
+    def sleep(self) -> None:   # the engine generates while the trainer trains: it never sleeps
+        pass
+
+
+class Pipeline:
+    """The producer thread and the hand-over of batches, weights and checkpoint state."""
+
+    def __init__(self, c, first_step: int, last_step: int, inflight: dict | None = None):
+        cfg = c.recipe.rollout.asynchronous
+        self.c, self.K, self.partial, self.on_stale = c, cfg.max_staleness, cfg.partial, cfg.on_stale
+        self.engine = c.rollout
+        self.group = c.recipe.algorithm.group_size
+        if hasattr(self.engine, "own_copy"):   # hf: the trainer's in-place updates must not reach a batch
+            self.engine.own_copy()             # being sampled; the engine keeps its own weights
+        if self.partial:
+            self.engine.pause_mode = "keep"
+        self.cv = threading.Condition()
+        self.ready: dict[int, StepBatch] = dict(inflight or {})      # step -> its batch, generated
+        self.next = max(self.ready, default=first_step - 1) + 1       # the step the producer makes next
+        self.allowed = first_step - 1                                 # it may make batches up to this step
+        self.last = last_step
+        self.policy = first_step - 1                                  # steps in the synced weights
+        self.policy_of = {int(self.engine.version): self.policy}      # engine sync count -> policy version
+        self.before: dict[int, tuple[dict, dict]] = {}                # step -> (sampler, rewards) before its batch
+        self.busy, self.closed, self.error = False, False, None
+        self.idle_rollout, self.dropped, self.regenerated = 0.0, 0, 0
+        self._producer_c = dataclasses.replace(c, rollout=_Stamped(self.engine))
+        self.thread = threading.Thread(target=self._produce, name="rltune-rollout-producer", daemon=True)
+        self.thread.start()
+
+    # ------------------------------------------------------------------ producer thread
+    def _produce(self) -> None:
+        started = False
+        try:
+            while True:
+                with self.cv:
+                    t0 = time.perf_counter()
+                    while not self.closed and self.next > self.allowed:
+                        self.cv.wait()
+                    if self.closed:
+                        return
+                    if started:
+                        self.idle_rollout += time.perf_counter() - t0
+                    started, j, self.busy = True, self.next, True
+                    self.before[j] = (self.c.sampler.state_dict(), self.c.rewards.state_dict())
+                batch = sample_step(self._producer_c)
+                with self.cv:
+                    self._to_policy(batch.batch.exp)
+                    self.ready[j], self.next, self.busy = batch, j + 1, False
+                    self.cv.notify_all()
+        except BaseException as err:  # noqa: BLE001 - handed to the trainer thread, raised there
+            with self.cv:
+                self.error, self.busy = err, False
+                self.cv.notify_all()
+
+    def _wait(self, until) -> None:
+        """Wait (trainer thread) until `until()` holds; the producer's error is raised here."""
+        while self.error is None and not until():
+            self.cv.wait(timeout=1.0)
+        if self.error is not None:
+            raise self.error
+
+    # ------------------------------------------------------------------ trainer thread
+    def take(self, step: int) -> tuple[StepBatch, dict]:
+        """Steps 1-2 of `step`: its batch (waiting for it), checked against the bound; and the
+        step's async/* metrics so far."""
+        t0 = time.perf_counter()
+        with self.cv:
+            self.allowed = min(step + self.K, self.last)
+            self.cv.notify_all()
+            self._wait(lambda: step in self.ready)
+            drawn = self.ready.pop(step)
+            self.before.pop(step, None)
+            idle_rollout, self.idle_rollout = self.idle_rollout, 0.0
+        idle_trainer = time.perf_counter() - t0
+        drawn, bound = self._enforce_bound(drawn)
+        m = {"async/idle_trainer_s": idle_trainer, "async/idle_rollout_s": idle_rollout, **bound}
+        return drawn, m
+
+    def sync(self, actor, step: int) -> tuple[float, float]:
+        """Step 9: the weights of `step` -> the engine (without partial rollouts, once the batch of
+        step + K is generated). Returns (sync ms, seconds waited for the producer)."""
+        t0 = time.perf_counter()
+        if not self.partial:
+            target = min(step + self.K, self.last)
+            with self.cv:
+                self._wait(lambda: self.next > target)
+        waited = time.perf_counter() - t0
+        with self.cv:   # before the sync: with partial rollouts tokens carry its label as soon as it ends
+            self.policy_of[int(self.engine.version) + 1] = step
+        ms = self.engine.sync_weights(actor)
+        with self.cv:
+            self.policy = step
+            self.cv.notify_all()
+        return ms, waited
+
+    def _to_policy(self, exp) -> None:
+        """The engine's labels (its sync count per token) -> policy versions, in place; -1 stays
+        on padding. A label from before this pipeline's first sync is its oldest known version."""
+        labels, out = exp.versions, torch.full_like(exp.versions, -1)
+        for v in labels.unique().tolist():
+            if v >= 0:
+                out[labels == v] = self.policy_of.get(int(v), min(self.policy_of.values()))
+        exp.versions = out
+
+    def _enforce_bound(self, drawn: StepBatch) -> tuple[StepBatch, dict]:
+        """Per-token lags of the batch; groups beyond K regenerated or dropped (`on_stale`)."""
+        exp, G = drawn.batch.exp, self.group
+        mask = exp.train_mask.bool()                                                   # (B, T)
+        lag = (self.policy - exp.versions).masked_fill(~mask, 0)                        # (B, T)
+        stale_groups = [g for g in range(exp.size // G) if bool((lag[g * G:(g + 1) * G] > self.K).any())]
+        m = {"async/dropped": 0.0, "async/regenerated": 0.0}
+        if stale_groups:
+            keep = [g for g in range(exp.size // G) if g not in stale_groups]
+            if self.on_stale == "drop" and keep:
+                drawn = _select_groups(drawn, keep, G)
+                self.dropped += len(stale_groups)
+                m["async/dropped"] = float(len(stale_groups))
+                LOG.warning("[Async] %d group(s) had tokens older than rollout.asynchronous.max_staleness %d "
+                            "versions: dropped (on_stale: drop)", len(stale_groups), self.K)
+            else:
+                drawn = self._regenerate(drawn, stale_groups, keep)
+                m["async/regenerated"] = float(len(stale_groups))
+            exp = drawn.batch.exp
+            mask = exp.train_mask.bool()
+            lag = (self.policy - exp.versions).masked_fill(~mask, 0)
+        n = float(mask.sum())
+        m["async/staleness_mean"] = float(lag.sum()) / max(n, 1.0)
+        m["async/staleness_max"] = float(lag.max()) if lag.numel() else 0.0
+        return drawn, m
+
+    def _regenerate(self, drawn: StepBatch, stale: list[int], keep: list[int]) -> StepBatch:
+        """The stale groups' prompts generated again now (the producer waits: one engine)."""
+        G = self.group
+        with self.cv:
+            self._wait(lambda: not self.busy)
+            self.allowed_saved, self.allowed = self.allowed, self.next - 1   # hold the producer
+        try:
+            rows = [drawn.batch.rows[g * G] for g in stale]
+            fresh, fresh_lengths = rescore(self._producer_c, rows)
+            self._to_policy(fresh.exp)
+        finally:
+            with self.cv:
+                self.allowed = self.allowed_saved
+                self.cv.notify_all()
+        self.regenerated += len(stale)
+        LOG.warning("[Async] %d group(s) had tokens older than rollout.asynchronous.max_staleness %d versions: "
+                    "generated again with the current weights (on_stale: regenerate)", len(stale), self.K)
+        kept = _select_groups(drawn, keep, G) if keep else None
+        batch = Scored.concat(([kept.batch] if kept else []) + [fresh], self.engine.pad_id)
+        lengths = torch.cat(([kept.lengths] if kept else []) + [fresh_lengths.to(drawn.lengths.dtype)])
+        return StepBatch(batch, lengths, drawn.metrics, drawn.rollout_s, drawn.reward_s)
+
+    # ------------------------------------------------------------------ checkpoints, rollback, end
+    def quiesce(self) -> None:
+        """Wait until the producer has made every batch it may make (a checkpoint then sees a
+        state no thread is changing)."""
+        with self.cv:
+            self._wait(lambda: not self.busy and self.next > self.allowed)
+
+    def state(self, step: int) -> tuple[dict, dict]:
+        """After `step` (quiesced): (state.json's "async" entry, the in-flight batches as tensors
+        and plain data for `inflight-rank{R}.pt`)."""
+        first = step + 1
+        sampler, rewards = self.before.get(first, (self.c.sampler.state_dict(), self.c.rewards.state_dict()))
+        entry = {"max_staleness": self.K, "next_step": first, "sampler_before": sampler, "rewards_before": rewards,
+                 "inflight_steps": sorted(self.ready), "policy": self.policy}
+        batches = {}
+        for j, b in self.ready.items():
+            packed = pack(b)
+            if packed is None:   # rows that are not plain data: a resume regenerates them
+                return {**entry, "inflight_steps": []}, {}
+            batches[str(j)] = packed
+        return entry, batches
+
+    def flush(self) -> None:
+        """A rollback: the batches generated and not trained are discarded; the sampler goes back
+        to before the first of them (no prompt is lost) and the producer waits for the next take."""
+        with self.cv:
+            self.allowed = self.next - 1
+            self._wait(lambda: not self.busy)
+            if self.ready:
+                first = min(self.ready)
+                sampler, _ = self.before.get(first, (None, None))
+                if sampler is not None:
+                    self.c.sampler.load_state_dict(sampler)
+            self.ready.clear()
+            self.before.clear()
+
+    def restart(self, step: int) -> None:
+        """After a rollback to `step` (its weights synced by the rollback): the next batch is for
+        step + 1, sampled with them."""
+        with self.cv:
+            self.next, self.allowed, self.policy = step + 1, step, step
+            self.policy_of[int(self.engine.version)] = step
+            self.cv.notify_all()
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.cv.notify_all()
+        self.thread.join(timeout=30.0)
+
+
+def _select_groups(drawn: StepBatch, groups: list[int], G: int) -> StepBatch:
+    rows = [g * G + k for g in groups for k in range(G)]
+    return StepBatch(drawn.batch.select(rows), drawn.lengths[rows], drawn.metrics, drawn.rollout_s, drawn.reward_s)
+
+
+# ---------------------------------------------------------------------- in-flight batches on disk
+_PLAIN = ("prompts", "completions", "rows", "conversations", "raw", "env_scores", "episode")
+
+
+def pack(b: StepBatch) -> dict | None:
+    """A generated batch as tensors and JSON-plain data (torch.load(weights_only=True) reads it
+    back); None when its rows hold values that are not plain data."""
+    s = b.batch
+    plain = {k: getattr(s, k) for k in _PLAIN}
+    plain.update(metrics=b.metrics, rollout_s=b.rollout_s, reward_s=b.reward_s)
+    try:
+        text = json.dumps(plain, allow_nan=True)
+    except (TypeError, ValueError):
+        return None
+    exp = {f.name: getattr(s.exp, f.name) for f in dataclasses.fields(s.exp)
+           if isinstance(getattr(s.exp, f.name), torch.Tensor)}
+    return {"exp": exp, "lengths": b.lengths, "plain": text}
+
+
+def unpack(d: dict) -> StepBatch:
+    """`pack`'s inverse (its tokens' versions are policy versions)."""
+    from ..rollout.experience import Experience
+
+    plain = json.loads(d["plain"])
+    fields = {f.name for f in dataclasses.fields(Experience)}
+    exp = Experience(**{k: v for k, v in d["exp"].items() if k in fields})
+    s = Scored(exp, *[plain[k] for k in _PLAIN])
+    return StepBatch(s, d["lengths"], plain["metrics"], plain["rollout_s"], plain["reward_s"])
