@@ -233,6 +233,67 @@ def _server_pid(engine) -> int:
     return int(children[0])
 
 
+def test_a_partial_rollout_carries_each_tokens_version_and_its_log_prob(served):
+    """rollout.asynchronous.partial: a sync while a request is being generated pauses it (kept),
+    swaps the weights and resumes it. The tokens before the swap are the old weights' (their
+    log-probs match the old model's forward), the tokens after are the new weights' given the whole
+    context (the paused request's keys/values are computed again), and the server labels each
+    token with the version that sampled it."""
+    import copy
+    import threading
+
+    from rltune.rollout.base import Sampling
+
+    engine, model = served
+    engine.pause_mode = "keep"
+    try:
+        for attempt, tokens in enumerate((100, 120, 120)):     # the sync must land inside the request
+            old = copy.deepcopy(model)
+            v0 = engine.version
+            out = {}
+            thread = threading.Thread(target=lambda: out.update(exp=engine.generate(
+                [PROMPTS[0]], Sampling(n=1, max_new_tokens=tokens))))
+            thread.start()
+            time.sleep(0.15)
+            torch.manual_seed(attempt)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * 0.3)
+            engine.sync_weights(model)
+            thread.join(timeout=60)
+            exp = out["exp"]
+            versions = exp.versions[0, :int(exp.response_mask[0].sum())].tolist()
+            if set(versions) == {v0, v0 + 1}:
+                break
+        else:
+            pytest.fail(f"the sync never landed inside a request: versions {sorted(set(versions))}")
+    finally:
+        engine.pause_mode = "wait"
+    cut = versions.index(v0 + 1)
+    assert 0 < cut and versions == [v0] * cut + [v0 + 1] * (len(versions) - cut)      # one switch, in order
+    logp = exp.rollout_logp[0, :len(versions)]
+    assert (logp[:cut] - _actor_logp(old, exp)[0, :cut]).abs().max() < 1e-4
+    assert (logp[cut:] - _actor_logp(model, exp)[0, cut:len(versions)]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_one_step_ahead_through_the_server_keeps_the_bound(tmp_path, partial):
+    """rollout.asynchronous with the server: K = 1, with and without partial rollouts. Every trained
+    token's lag, from the versions the server reported per token, is at most 1; without partial
+    rollouts it is exactly the schedule's (0, then 1)."""
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", rollout__engine="vllm-server", trainer__max_steps=6,
+                       trainer__eval_every=0, trainer__seed=1,
+                       rollout__asynchronous={"max_staleness": 1, "partial": partial})
+    res = run_cli("train", path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    m = read_metrics(tmp_path / "run")
+    lags = [x["async/staleness_max"] for x in m]
+    assert max(lags) <= 1 and lags[0] == 0, lags
+    if not partial:
+        assert lags == [0.0] + [1.0] * 5, lags
+    assert all(x["async/dropped"] == 0 and x["async/regenerated"] == 0 for x in m)
+
+
 def test_tiny_grpo_learns_through_the_server_resumes_and_leaves_none_behind(tmp_path):
     from rltune.rollout.server import healthy
 
