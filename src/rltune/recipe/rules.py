@@ -480,6 +480,8 @@ from rltune.recipe import rules_lora  # noqa: E402,F401  (registers its rules in
 from rltune.recipe import rules_memory  # noqa: E402,F401  (registers its rules in RULES)
 # settings that do nothing where they are, rollback's preconditions, the truncation mask: rules_settings.py
 from rltune.recipe import rules_settings  # noqa: E402,F401  (registers its rules in RULES)
+# generation one step ahead (rollout.asynchronous): rules_async.py
+from rltune.recipe import rules_async  # noqa: E402,F401  (registers its rules in RULES)
 
 
 @rule("unknown-waiver", "warning", "lint.waive names a rule that does not exist",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from rltune.recipe.rules_async import async_settings_without_effect
 from rltune.recipe.rules_base import RULES, Ctx, Hit, num, rule
 from rltune.recipe.schema import Recipe, RewardCfg, RolloutCfg, RolloutServerCfg
 
@@ -44,7 +45,7 @@ def rollback_no_target(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
       "trainer.save_merged without model.lora; reward.timeout other than its default without reward.isolate; "
       "rollout.lora_sync adapter without model.lora; logging.mlflow_tracking_uri without logging.mlflow; "
       "trainer.eval_every on file data without data.eval; rollout.env_isolate without rollout.env; "
-      "trainer.max_restarts with one process",
+      "trainer.max_restarts with one process; rollout.asynchronous.partial or on_stale with max_staleness 0",
       "the setting only acts together with another one that is off, so it would be silently ignored")
 def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     why = RULES["setting-without-effect"].why
@@ -74,6 +75,7 @@ def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
         yield Hit("trainer.max_restarts", f"trainer.max_restarts {t.max_restarts} with one process: {why} (the "
                   "launcher that restarts a failed job starts only with trainer.nproc or nnodes above 1)",
                   "remove trainer.max_restarts, or run several ranks (--nproc N)")
+    yield from async_settings_without_effect(r, why)
     if r.rollout.lora_sync != defaults["lora_sync"] and r.model.lora is None:
         yield Hit("rollout.lora_sync", f"rollout.lora_sync {r.rollout.lora_sync} without model.lora: {why}",
                   "remove rollout.lora_sync, or set model.lora")

@@ -106,9 +106,13 @@ class Pipeline:
                         self.idle_rollout += time.perf_counter() - t0
                     started, j, self.busy = True, self.next, True
                     self.before[j] = (self.c.sampler.state_dict(), self.c.rewards.state_dict())
+                    version = int(self.engine.version)
                 batch = sample_step(self._producer_c)
                 with self.cv:
-                    self._to_policy(batch.batch.exp)
+                    exp = batch.batch.exp
+                    if exp.versions is None:   # episodes: built from many calls; one version without partial
+                        exp.versions = torch.full(exp.response_ids.shape, version, dtype=torch.long)
+                    self._to_policy(exp)
                     self.ready[j], self.next, self.busy = batch, j + 1, False
                     self.cv.notify_all()
         except BaseException as err:  # noqa: BLE001 - handed to the trainer thread, raised there

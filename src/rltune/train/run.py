@@ -364,8 +364,16 @@ def _start_pipeline(run: Run, state: dict | None, resume_path: Path | None) -> N
             if why and K > 0:
                 LOG.warning("[Async] the batches generated ahead of step %d are generated again (%s)",
                             entry["next_step"], why)
-    if K > 0:
-        c.pipeline = Pipeline(c, run.start + 1, run.recipe.trainer.max_steps, inflight)
+    if K == 0:
+        return
+    partial = run.recipe.rollout.asynchronous.partial
+    if world_size() > 1 or (partial and c.rollout.name != "vllm-server"):
+        raise TrainError(f"rollout.asynchronous.max_staleness {K} "
+                         + (f"with {world_size()} processes: generation ahead runs with one training process for now"
+                            "\n  fix: run one process, or set rollout.asynchronous.max_staleness: 0" if world_size() > 1
+                            else f"with partial rollouts needs the vllm-server engine (this run uses {c.rollout.name})"
+                            "\n  fix: set rollout.engine: vllm-server, or rollout.asynchronous.partial: false"))
+    c.pipeline = Pipeline(c, run.start + 1, run.recipe.trainer.max_steps, inflight)
 
 
 def _ready(run: Run, state: dict | None) -> None:
