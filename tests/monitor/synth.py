@@ -188,6 +188,12 @@ def fault(kind: str, n: int = 60, seed: int = 1) -> tuple[list[dict], int]:
         for m in tr[9:]:
             m["timing/sync_ms"] = 450 + rng.gauss(0, 20)
         return tr, 11
+    if kind == "async_drift":   # generation ahead: the cap truncates 20% of the stale samples' weights
+        for m in tr:
+            m.update({"async/staleness_mean": 1.0, "rollout/is_capped_frac": 0.0, "rollout/is_weight_mean": 1.0})
+        for m in tr[20:]:
+            m["rollout/is_capped_frac"] = 0.2
+        return tr, 22
     if kind == "stale_weights":
         for m in tr[14:]:
             m["rollout/logprob_diff_mean"] = 0.3

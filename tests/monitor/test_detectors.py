@@ -27,7 +27,7 @@ def test_healthy_traces_fire_nothing(seed):
 
 @pytest.mark.parametrize("kind", ["reward_swing", "kl_high", "kl_spike", "grad_spike", "grad_clip", "critic_nan",
                                   "actor_nan", "entropy_collapse", "length_collapse", "length_runaway",
-                                  "sync_slow", "stale_weights"])
+                                  "sync_slow", "stale_weights", "async_drift"])
 def test_fault_fires_once_at_the_right_step(kind):
     trace, at = fault(kind)
     _, evs = run(trace)
@@ -163,3 +163,31 @@ def test_live_monitor_logs_events(caplog, tmp_path):
     with caplog.at_level(logging.WARNING, logger="rltune"):
         run(fault("critic_nan")[0], R, tmp_path)
     assert "[Health] step 12 error: Critic loss NaN at step 12" in caplog.text
+
+
+ASYNC = Recipe.model_validate({**RECIPE, "rollout": {**RECIPE.get("rollout", {}), "asynchronous": {"max_staleness": 2}}})
+
+
+def test_stale_samples_are_no_missed_sync_and_their_drift_is_watched():
+    """rollout.asynchronous: the rollout/trainer mismatch is the policy's own progress (no
+    stale_weights / logprob_drift / is_weight_extreme); async_drift fires when the cap starts
+    truncating the stale samples' weights, and advises a smaller lag."""
+    trace, _ = fault("stale_weights")             # mean |logp diff| 0.3 from step 15
+    for m in trace:
+        m.update({"async/staleness_mean": 2.0, "rollout/is_capped_frac": 0.01, "rollout/is_weight_mean": 1.0,
+                  "rollout/is_weight_max": 1.5})
+    for m in trace[30:]:
+        m["rollout/is_weight_max"] = 40.0         # extreme for a synchronous run, not here
+    _, evs = run(trace, ASYNC)
+    assert evs == [], [(e.step, e.kind, e.message) for e in evs]
+    for m in trace[40:]:
+        m["rollout/is_capped_frac"] = 0.2         # 20% of the tokens at the cap from step 41
+    _, evs = run(trace, ASYNC)
+    assert [(e.step, e.kind) for e in evs] == [(42, "async_drift")], [(e.step, e.kind, e.message) for e in evs]
+    assert evs[0].changes == {"rollout.asynchronous.max_staleness": 1}        # K 2 -> 1
+    assert "max_staleness 0" in " ".join(evs[0].advice)
+    # the same trace without generation ahead: the mismatch is a stale sync
+    for m in trace:
+        del m["async/staleness_mean"]
+    _, evs = run(trace, R)
+    assert "stale_weights" in {e.kind for e in evs} and "async_drift" not in {e.kind for e in evs}

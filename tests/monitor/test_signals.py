@@ -163,7 +163,8 @@ def _all_events():
                                    "lint": {"waive": {"actor-lr-range": "t"}}})
     kinds = ["reward_swing", "kl_high", "kl_spike", "grad_spike", "grad_clip", "grad_clip_info", "grad_clip_critic",
              "critic_nan", "actor_nan", "reward_collapse", "entropy_collapse", "length_collapse", "length_runaway",
-             "sync_slow", "stale_weights", "is_weight_extreme", "zero_advantage", "clipfrac_high", "logprob_drift"]
+             "sync_slow", "stale_weights", "is_weight_extreme", "zero_advantage", "clipfrac_high", "logprob_drift",
+             "async_drift"]
     evs = []
     for recipe in (R, GRPO, hot, capped, floor):
         for k in kinds:

@@ -362,6 +362,25 @@ def for_is_weight(r) -> Advice:
     return ch, lines
 
 
+def for_async_drift(r) -> Advice:
+    """rollout.asynchronous: the stale samples' importance weights drift from 1."""
+    K, rc = r.rollout.asynchronous.max_staleness, r.algorithm.rollout_correction
+    old = f"up to {K} weight versions old" if K else "from older weights"
+    lines = [f"samples {old}: the policy moves so far per update that their importance"
+             " weights pi_prox / pi_sample hit the cap, and the truncated weights bias the gradient"]
+    ch: dict = {}
+    if K > 1:
+        ch["rollout.asynchronous.max_staleness"] = K - 1
+        lines.append(change_line("rollout.asynchronous.max_staleness", K, K - 1))
+    elif rc.mode == "tis":
+        ch["algorithm.rollout_correction.mode"] = "mis"
+        lines.append("algorithm.rollout_correction.mode tis -> mis (drop the tokens outside [1/C, C] instead of"
+                     " keeping them with a truncated weight)")
+    lines.append(f"or a lower actor.lr ({fmt(r.actor.lr)}): each version then moves the policy less")
+    lines.append("or rollout.asynchronous.max_staleness 0 (synchronous: no staleness at all)")
+    return ch, lines
+
+
 def for_logprob_drift(r) -> Advice:
     lines = ["the rollout engine's log-probs drift away from the trainer's step by step: a sync that"
              " silently fails or lags, or a numerics mismatch that grows as the weights move"]

@@ -30,7 +30,7 @@ KIND_RANK = [
     "critic_nan", "actor_nan", "reward_nan", "skipped_step",
     "kl_spike", "grad_spike",
     "reward_collapse", "reward_hacking",
-    "stale_weights", "is_weight_extreme", "logprob_drift",
+    "stale_weights", "is_weight_extreme", "logprob_drift", "async_drift",
     "kl_high",
     "reward_swing", "clipfrac_high",
     "grad_clip",

@@ -290,6 +290,8 @@ class HealthCfg(Section):
     zero_adv_max: float = F(0.95, "Share of zero-advantage groups (batch/zero_adv_frac or rollout/zero_std_frac) above this for 2 x window steps: the batch teaches almost nothing (a sudden jump is flagged sooner).", gt=0, le=1)
     clipfrac_max: float = F(0.3, "actor/clipfrac above this and 3x its start, for window steps: the update runs away from the rollout policy.", gt=0, le=1)
     logprob_drift: float = F(3.0, "Rollout/trainer log-prob mismatch growing: rollout/logprob_diff_mean over a window this many times its start (and above half rollout.logprob_tolerance).", gt=1, le=1e6)
+    async_capped_frac: float = F(0.05, "rollout.asynchronous: rollout/is_capped_frac (tokens whose importance weight pi_prox / pi_sample the cap truncated or masked) above this for 2 steps, with stale samples: the staleness outruns the correction (async_drift).", gt=0, le=1)
+    async_weight_drift: float = F(0.2, "rollout.asynchronous: |rollout/is_weight_mean - 1| above this for 2 steps, with stale samples (async_drift).", gt=0, le=100)
     max_skipped_steps: int = F(3, "Consecutive non-finite steps before the run stops.", ge=1, le=1000)
 
 

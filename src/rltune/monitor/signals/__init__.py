@@ -6,7 +6,8 @@ fires), grouped by what they read:
 - `gradients`: grad-norm spikes and clipping, per role;
 - `swing`, `reward`: early reward swings and oscillation; reward collapse and reward hacking;
 - `samples`: response length, responses masked out of the loss, groups with zero advantage;
-- `rollout`: the rollout engine (stale or drifting weights, importance ratios, sync time);
+- `rollout`: the rollout engine (stale or drifting weights, importance ratios, sync time; with
+  generation ahead, the stale samples' importance weights);
 - `episodes`: the tools of an environment failing, or the policy no longer calling them.
 
 Each warning is a departure from the run's own recent behaviour or a hard fault (non-finite
@@ -22,13 +23,13 @@ from .faults import NonFinite, SkippedStep
 from .gradients import GradClip, GradSpike
 from .policy import ClipfracHigh, EntropyCollapse, KLHigh, KLSpike
 from .reward import RewardCollapse, RewardHacking
-from .rollout import ISWeightExtreme, LogprobDrift, StaleWeights, SyncSlow
+from .rollout import AsyncDrift, ISWeightExtreme, LogprobDrift, StaleWeights, SyncSlow
 from .samples import LengthCollapse, LengthRunaway, MaskedOut, ZeroAdvantage
 from .swing import RewardSwing
 
 # the order they run in each step (a detector sees the events fired before it in the same step)
 DETECTORS = [NonFinite, SkippedStep, KLSpike, GradSpike, RewardCollapse, RewardHacking, KLHigh, RewardSwing,
              GradClip, EntropyCollapse, LengthCollapse, LengthRunaway, MaskedOut, StaleWeights, LogprobDrift,
-             ISWeightExtreme, ZeroAdvantage, ClipfracHigh, SyncSlow, ToolErrorStorm, ToolUseDropped]
+             ISWeightExtreme, AsyncDrift, ZeroAdvantage, ClipfracHigh, SyncSlow, ToolErrorStorm, ToolUseDropped]
 
 __all__ = ["DETECTORS"] + [d.__name__ for d in DETECTORS]

@@ -1,5 +1,6 @@
 """The rollout engine: stale or drifting weights (log-prob mismatch with the trainer), extreme
-importance ratios, slow weight sync (resharding)."""
+importance ratios, slow weight sync (resharding); with generation ahead (rollout.asynchronous)
+the mismatch is staleness by design, and the importance weights' drift with it is watched instead."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import statistics
 
 from .. import advice as A
 from ..base import Event, Sustained, _rd, mean
+
+
+def _asynchronous(mon) -> bool:
+    """Samples generated ahead (rollout.asynchronous): their log-probs differ from the trainer's by the
+    policy's own progress, which the sync-only guards below would take for a broken sync."""
+    return mon.recipe.rollout.asynchronous.max_staleness > 0
 
 
 class SyncSlow(Sustained):
@@ -43,7 +50,7 @@ class StaleWeights(Sustained):
         return 1  # the first step after a (missed) sync is the test
 
     def condition(self, mon, x):
-        return x > mon.recipe.rollout.logprob_tolerance
+        return x > mon.recipe.rollout.logprob_tolerance and not _asynchronous(mon)
 
     def event(self, mon, step, x, n):
         tol = mon.recipe.rollout.logprob_tolerance
@@ -61,7 +68,7 @@ class LogprobDrift(Sustained):
     key = "rollout/logprob_diff_mean"
 
     def ready(self, mon):
-        return len(mon.hist.get(self.key, [])) >= 2 * mon.h.window
+        return len(mon.hist.get(self.key, [])) >= 2 * mon.h.window and not _asynchronous(mon)
 
     def condition(self, mon, x):
         w = mon.h.window
@@ -95,7 +102,7 @@ class ISWeightExtreme(Sustained):
     def condition(self, mon, x):
         hist = mon.recent(self.key, 4 * mon.h.window)
         med = statistics.median(hist) if hist else 1.0
-        return x > mon.h.is_weight_max and x > 5 * max(med, 1.0)
+        return x > mon.h.is_weight_max and x > 5 * max(med, 1.0) and not _asynchronous(mon)
 
     def event(self, mon, step, x, n):
         ch, lines = A.for_is_weight(mon.recipe)
@@ -108,3 +115,33 @@ class ISWeightExtreme(Sustained):
         return Event(step, "is_weight_extreme", "warning",
                      f"Importance ratio extreme: rollout/is_weight_max {A.fmt(_rd(x, 3))} > {A.fmt(mon.h.is_weight_max)}"
                      f" for {n} steps (step {step}): rollout engine and trainer disagree", nums, lines, ch)
+
+
+class AsyncDrift(Sustained):
+    """rollout.asynchronous: the importance weights pi_prox / pi_sample of the stale samples drift
+    from 1 (rollout/is_capped_frac above health.async_capped_frac: the cap truncates or masks that
+    share of the tokens, or rollout/is_weight_mean off 1 by more than async_weight_drift), 2 steps in
+    a row, with async/staleness_mean above 0: the policy moves too far per version for the lag."""
+    name = "async_drift"
+    key = "rollout/is_capped_frac"
+
+    def steps_needed(self, mon):
+        return 2
+
+    def check(self, mon, step, v, fired):
+        self.v = v
+        return super().check(mon, step, v, fired)
+
+    def condition(self, mon, x):
+        lag, w = self.v.get("async/staleness_mean", 0.0), self.v.get("rollout/is_weight_mean", 1.0)
+        return lag > 0 and (x > mon.h.async_capped_frac or abs(w - 1.0) > mon.h.async_weight_drift)
+
+    def event(self, mon, step, x, n):
+        ch, lines = A.for_async_drift(mon.recipe)
+        lag, w = self.v.get("async/staleness_mean", 0.0), self.v.get("rollout/is_weight_mean", 1.0)
+        return Event(step, "async_drift", "warning",
+                     f"Stale samples drift from the policy: rollout/is_capped_frac {A.fmt(_rd(x, 3))}, "
+                     f"rollout/is_weight_mean {A.fmt(_rd(w, 3))} at a mean lag of {A.fmt(_rd(lag, 3))} versions for "
+                     f"{n} steps (step {step}): the importance weights stop correcting",
+                     {"is_capped_frac": _rd(x), "is_weight_mean": _rd(w), "staleness_mean": _rd(lag),
+                      "threshold": mon.h.async_capped_frac, "steps": n, "role": "rollout"}, lines, ch)
