@@ -80,6 +80,21 @@ def test_training_on_cuda_rollout_agrees_with_actor_and_sync_is_fast(tmp_path):
     assert (run / "final").is_dir()
 
 
+def test_generation_ahead_on_cuda_keeps_the_schedule(tmp_path):
+    """rollout.asynchronous.max_staleness 1 on the GPU (bf16, the hf engine with its own copy of the
+    weights, generating in the producer thread while the trainer trains): every step's tokens are
+    exactly the schedule's lag old (0, then 1), the updates are finite, and the stale samples'
+    importance weights stay near 1 at this learning rate."""
+    res, run = _train(tmp_path, "tiny-grpo.yaml", trainer__max_steps=6, trainer__eval_every=0,
+                      rollout__asynchronous={"max_staleness": 1})
+    metrics = read_metrics(run)
+    assert [m["async/staleness_max"] for m in metrics] == [0.0] + [1.0] * 5
+    for m in metrics:
+        assert math.isfinite(m["actor/loss"]) and not m["actor/skipped_updates"]
+        assert 0.5 < m["rollout/is_weight_mean"] < 2.0, m["rollout/is_weight_mean"]
+    assert (run / "final").is_dir()
+
+
 # ---------------------------------------------------------------- a real model learns
 
 def test_smollm2_grpo_learns_on_the_gpu(tmp_path):
