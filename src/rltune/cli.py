@@ -128,14 +128,18 @@ def plan(
                                           help="Memory per GPU, e.g. 80GB (GB = GiB, as cards are named)."),
     device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="cpu | cuda (default: the recipe's)."),
     fmt: str = typer.Option("text", "--format", "-f", metavar="FORMAT", help="Output: text | json."),
+    times: Optional[str] = typer.Option(None, "--times", metavar="RUN_DIR",
+                                        help="A run's directory: its phase times give the step time of each "
+                                             "placement of the rollout engine (synchronous, colocated, separate)."),
 ) -> None:
     """Per-device memory budget of a recipe (weights, gradients, optimizer, activations, logits, KV
     cache) by phase, the peak and the headroom, and changes that fit (exit 0 fits or capacity
-    unknown, 1 over capacity, 2 unreadable). Loads nothing: sizes come from the model's config.json."""
+    unknown, 1 over capacity, 2 unreadable). Loads nothing: sizes come from the model's config.json.
+    With --times RUN_DIR, the expected step time of each placement of the rollout engine."""
     from rltune.commands.plan import run
 
     _reject_bare_keys(args[1:])
-    raise typer.Exit(run(args, overrides or [], gpus=gpus, gpu_mem=gpu_mem, device=device, fmt=fmt))
+    raise typer.Exit(run(args, overrides or [], gpus=gpus, gpu_mem=gpu_mem, device=device, fmt=fmt, times=times))
 
 
 presets_app = typer.Typer(help="Stage and hardware presets: list, show, apply.", no_args_is_help=False,

@@ -33,7 +33,7 @@ MICRO, PER_UPDATE, GROUP, NEW_TOKENS = 2, 8, 4, 6
 
 # the factors a case may leave out take these values (the matrix before they were factors)
 DEFAULTS = {"filter": False, "lora": "none", "ratio_level": "token", "policy_loss": "ppo",
-            "mask_truncated": False, "overlong": False, "top_p": 1.0, "episodes": False}
+            "mask_truncated": False, "overlong": False, "top_p": 1.0, "episodes": False, "stale": False}
 LORA = {"d0": {"r": 8, "alpha": 16, "dropout": 0.0}, "d05": {"r": 8, "alpha": 16, "dropout": 0.05}}
 
 
@@ -53,7 +53,8 @@ def recipe_for(case: dict):
     if case["filter"]:
         algorithm["filter_groups"] = {"metric": "reward", "max_gen_calls": 8 * case["updates"]}
     rollout = {"engine": "hf", "batch_size": PER_UPDATE, "max_new_tokens": NEW_TOKENS, "temperature": 1.0,
-               "top_p": case["top_p"], "top_k": 20 if case["top_p"] < 1 else 0}
+               "top_p": case["top_p"], "top_k": 20 if case["top_p"] < 1 else 0,
+               "asynchronous": {"max_staleness": 1 if case["stale"] else 0}}
     if case["episodes"]:   # builtin:guess episodes (GuessingEngine plays): model and env turns alternate
         # "agent": the same game as OpenAI-client code (recipes/guess_agent.py) through the recording endpoint
         env = f"{Path(__file__).resolve().parents[2] / 'recipes' / 'guess_agent.py'}:run" if case["episodes"] == "agent" \
@@ -116,6 +117,14 @@ def global_experience(recipe, updates: int):
     c = SimpleNamespace(recipe=recipe, tokenizer=tok, rollout=engine, rewards=scripted_rewards,
                         train_set=SimpleNamespace(rows=rows, prompt_key="prompt"), dist=SimpleNamespace(is_main=False),
                         env=env, sampler=PromptSampler(len(rows), recipe.prompts_per_call, 0, shuffle=False))
+    if recipe.rollout.asynchronous.max_staleness:
+        # generation ahead (docs/async.md): the batch was sampled by an older policy than the one that
+        # learns from it; its rollout log-probs are that policy's, and the learner's ratio must still
+        # be 1 against its own weights at the start of the step (decoupled PPO's proximal policy)
+        g = torch.Generator().manual_seed(555)
+        with torch.no_grad():
+            for p in engine.model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g).to(p.dtype))
     torch.manual_seed(1234)
     drawn = sample_step(c)
     exp = drawn.batch.exp

@@ -94,6 +94,22 @@ EPISODE_CASES += [
      "precision": "bf16", "zero": 1, "ranks": 1, "epochs": 1, "updates": 2, "lora": "d0", "episodes": "agent"},
 ]
 DEFAULT_EPISODE_CASES = {0, 1, 4}
+# generation ahead (rollout.asynchronous, docs/async.md) enters as cases of its own too: the experience
+# sampled by an older policy than the one that learns (the hf engine's weights moved off the actor's), so
+# the ratio's denominator must be the learner's own start-of-step policy (decoupled PPO), the sampler's
+# log-probs entering only through the correction weights; every algorithm, 1 and 2 ranks, ZeRO 0-3, fp32
+# and bf16, every correction mode, several updates and epochs, LoRA
+STALE_CASES = [
+    {"algo": "grpo", "kl_mode": "loss", "estimator": "k3", "agg": "token-mean", "correction": "tis",
+     "precision": "fp32", "zero": 0, "ranks": 1, "epochs": 1, "updates": 2, "stale": True},
+    {"algo": "ppo", "kl_mode": "reward", "estimator": "k1", "agg": "seq-mean-token-mean", "correction": "mis",
+     "precision": "fp32", "zero": 2, "ranks": 2, "epochs": 2, "updates": 1, "stale": True},
+    {"algo": "rloo", "kl_mode": "reward", "estimator": "k2", "agg": "token-sum", "correction": "none",
+     "precision": "bf16", "zero": 3, "ranks": 1, "epochs": 1, "updates": 1, "lora": "d0", "stale": True},
+    {"algo": "reinforce_pp", "kl_mode": "loss", "estimator": "abs", "agg": "seq-mean-token-sum-norm",
+     "correction": "tis", "precision": "bf16", "zero": 1, "ranks": 2, "epochs": 2, "updates": 2, "stale": True},
+]
+DEFAULT_STALE_CASES = {0, 1}
 
 
 def case_id(c: dict) -> str:
@@ -101,7 +117,8 @@ def case_id(c: dict) -> str:
                      ("" if c["ratio_level"] == "token" else f"-{c['ratio_level']}"),
                      ("-cispo" if c["policy_loss"] == "cispo" else ""), ("-masktrunc" if c["mask_truncated"] else ""),
                      ("-overlong" if c["overlong"] else ""), ("" if c["top_p"] == 1.0 else f"-topp{c['top_p']}"),
-                     ({True: "-episodes", "agent": "-agent-episodes"}.get(c.get("episodes"), ""))])
+                     ({True: "-episodes", "agent": "-agent-episodes"}.get(c.get("episodes"), "")),
+                     ("-stale" if c.get("stale") else "")])
     return (f"{c['algo']}-{c['kl_mode']}-{c['estimator']}-{c['agg']}-{c['correction']}-{c['precision']}"
             f"-z{c['zero']}-r{c['ranks']}-e{c['epochs']}-u{c['updates']}{extra}")
 
@@ -143,7 +160,10 @@ def test_the_case_list_covers_every_pair():
                                   for i, c in enumerate(CASES)] +
                          [pytest.param(c, id=f"episodes-{i}-{case_id({**DEFAULT_FACTORS, **c})}",
                                        marks=() if i in DEFAULT_EPISODE_CASES else pytest.mark.slow)
-                          for i, c in enumerate(EPISODE_CASES)])
+                          for i, c in enumerate(EPISODE_CASES)] +
+                         [pytest.param(c, id=f"stale-{i}-{case_id({**DEFAULT_FACTORS, **c})}",
+                                       marks=() if i in DEFAULT_STALE_CASES else pytest.mark.slow)
+                          for i, c in enumerate(STALE_CASES)])
 def test_matrix_case(case, tmp_path):
     fp32 = case["precision"] == "fp32"
     res = _run(case, case["ranks"], tmp_path / "run")

