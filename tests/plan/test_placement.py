@@ -66,7 +66,7 @@ def test_plan_times_through_the_cli(tmp_path):
     assert "step time by placement (a phase model on 8 GPU(s)" in res.stdout
     assert "separate: server on 4 of 8 GPU(s)" in res.stdout and "9.50 s/step" in res.stdout
     assert "faster for this recipe: colocated (8.50 s/step, 1.12x the synchronous step)" in res.stdout
-    res = subprocess.run(cmd[:-1] + ["--format", "json", "--times", str(run)], capture_output=True, text=True, cwd=ROOT)
+    res = subprocess.run(cmd[:-2] + ["--format", "json", "--times", str(run)], capture_output=True, text=True, cwd=ROOT)
     placement = json.loads(res.stdout)["placement"]
     assert placement["devices"] == 8 and placement["colocated"] == pytest.approx(8.5)
     res = subprocess.run(cmd[:-1] + [str(tmp_path / "none")], capture_output=True, text=True, cwd=ROOT)

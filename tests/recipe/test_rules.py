@@ -83,11 +83,9 @@ def test_every_rule_is_tested():
     from test_rules_algo import ALGO_RULES  # the 2026 toolbox rules are tested there
     from test_rules_lora import LORA_RULES  # and the LoRA rules there
     from test_rules_settings import CASES as SETTINGS_CASES  # settings without effect, rollback, mask
-    from test_rules_async import CASES as ASYNC_CASES  # generation one step ahead
     MEMORY_RULES = {"memory-budget"}        # tests/plan/test_cli.py (needs a model config and hardware)
 
-    assert {c[0] for c in CASES} | ALGO_RULES | LORA_RULES | MEMORY_RULES | {c[0] for c in SETTINGS_CASES} \
-        | {c[0] for c in ASYNC_CASES} == set(RULES)
+    assert {c[0] for c in CASES} | ALGO_RULES | LORA_RULES | MEMORY_RULES | {c[0] for c in SETTINGS_CASES} == set(RULES)
 
 
 def test_every_rule_has_metadata():

@@ -201,14 +201,14 @@ class Pipeline:
         G = self.group
         with self.cv:
             self._wait(lambda: not self.busy)
-            self.allowed_saved, self.allowed = self.allowed, self.next - 1   # hold the producer
+            allowed, self.allowed = self.allowed, self.next - 1   # hold the producer: one engine, one sampler
         try:
             rows = [drawn.batch.rows[g * G] for g in stale]
             fresh, fresh_lengths = rescore(self._producer_c, rows)
             self._to_policy(fresh.exp)
         finally:
             with self.cv:
-                self.allowed = self.allowed_saved
+                self.allowed = allowed
                 self.cv.notify_all()
         self.regenerated += len(stale)
         LOG.warning("[Async] %d group(s) had tokens older than rollout.asynchronous.max_staleness %d versions: "
