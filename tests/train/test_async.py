@@ -214,3 +214,19 @@ def test_groups_past_the_bound_are_generated_again(monkeypatch):
     assert m["async/staleness_max"] == 1          # the kept group; the new one has lag 0
     assert drawn.batch.exp.versions[2:].eq(5).all()
     assert p.allowed == 9                         # the producer is let go again
+
+
+def test_a_rollback_discards_the_batches_generated_with_the_rolled_back_weights(capfd, tmp_path):
+    """autotune's rollback under K = 1: a hard spike at step 6 restores checkpoint 4; the batch
+    generated ahead with the spiking weights is discarded, and the steps taken again start from
+    batches sampled with the restored weights (lag 0, then the schedule's 1), none past the bound."""
+    rollback = {"enabled": True, "mode": "act", "rollback": True, "rollback_every": 2, "max_rollbacks": 1}
+    path = _recipe(tmp_path, "rb", 1, trainer__max_steps=8, trainer__keep_checkpoints=10, autotune=rollback)
+    res = run_inproc(capfd, "train", path, env=dict(RLTUNE_FAULTS="actor_inf@5,actor_inf@6"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "goes back to step 4" in res.stderr
+    m = read_metrics(tmp_path / "rb" / "run")
+    assert [x["step"] for x in m] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]
+    assert [x["async/staleness_max"] for x in m] == [0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    assert all(x["async/dropped"] == 0 and x["async/regenerated"] == 0 for x in m)
+    assert all(x["actor/skipped_updates"] == 0 for x in m[6:])
