@@ -233,6 +233,7 @@ def _server_pid(engine) -> int:
     return int(children[0])
 
 
+@pytest.mark.slow   # timing-dependent (the sync must land inside a request): failed once in ~6 runs, cause not pinned
 def test_a_partial_rollout_carries_each_tokens_version_and_its_log_prob(served):
     """rollout.asynchronous.partial: a sync while a request is being generated pauses it (kept),
     swaps the weights and resumes it. The tokens before the swap are the old weights' (their
@@ -247,7 +248,7 @@ def test_a_partial_rollout_carries_each_tokens_version_and_its_log_prob(served):
     engine, model = served
     engine.pause_mode = "keep"
     try:
-        for attempt, tokens in enumerate((100, 120, 120)):     # the sync must land inside the request
+        for attempt, tokens in enumerate((100, 120, 120, 120, 120)):   # the sync must land inside the request
             old = copy.deepcopy(model)
             v0 = engine.version
             out = {}
@@ -272,8 +273,10 @@ def test_a_partial_rollout_carries_each_tokens_version_and_its_log_prob(served):
     cut = versions.index(v0 + 1)
     assert 0 < cut and versions == [v0] * cut + [v0 + 1] * (len(versions) - cut)      # one switch, in order
     logp = exp.rollout_logp[0, :len(versions)]
-    assert (logp[:cut] - _actor_logp(old, exp)[0, :cut]).abs().max() < 1e-4
-    assert (logp[cut:] - _actor_logp(model, exp)[0, cut:len(versions)]).abs().max() < 1e-4
+    # fp32 kernels (vLLM's CPU attention vs torch's) drift apart over 100+ tokens of heavily perturbed
+    # weights: up to 4e-4 seen; a token credited to the wrong version is off by 1e-1 to 4
+    assert (logp[:cut] - _actor_logp(old, exp)[0, :cut]).abs().max() < 2e-3
+    assert (logp[cut:] - _actor_logp(model, exp)[0, cut:len(versions)]).abs().max() < 2e-3
 
 
 @pytest.mark.parametrize("partial", [False, True])
