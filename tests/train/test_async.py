@@ -178,7 +178,7 @@ def _guard(on_stale: str, policy: int, K: int = 1):
     from rltune.train.pipeline import Pipeline
 
     p = Pipeline.__new__(Pipeline)    # the bound check alone: no producer thread
-    p.K, p.group, p.policy, p.on_stale, p.dropped, p.regenerated = K, 2, policy, on_stale, 0, 0
+    p.K, p.group, p.policy, p.on_stale = K, 2, policy, on_stale
     return p
 
 
@@ -187,7 +187,7 @@ def test_groups_past_the_bound_are_dropped_whole():
     # groups of 2: versions 4 (lag 1: kept), 3 (lag 2: too old), one token of 2 (lag 3: the whole group goes)
     drawn, m = p._enforce_bound(_batch([4, 4, 3, 3, 4, 2]))
     assert drawn.batch.prompts == ["p0", "p0"] and drawn.batch.exp.size == 2
-    assert m["async/dropped"] == 2 and m["async/staleness_max"] == 1 and p.dropped == 2
+    assert m["async/dropped"] == 2 and m["async/staleness_max"] == 1 and m["async/regenerated"] == 0
 
 
 def test_groups_past_the_bound_are_generated_again(monkeypatch):
@@ -198,7 +198,7 @@ def test_groups_past_the_bound_are_generated_again(monkeypatch):
 
     p.cv, p.busy, p.error, p.next, p.allowed = threading.Condition(), False, None, 9, 9
     p.policy_of = {7: 5}
-    p.engine = type("E", (), {"pad_id": 0})()
+    p.engine = type("E", (), {"pad_id": 0, "version": 7})()
     p._producer_c = None
     asked = []
 

@@ -17,8 +17,8 @@ Versions are policy versions: the number of training steps in the weights (the w
 step s are version s - 1). The engines label what they sample with their own sync count; the
 pipeline maps each sync to the step it carried. The bound is checked per token at the step that
 trains it, from those labels (never from timing): a group with a token older than K versions is
-generated again with the current weights or dropped (`on_stale`), which happens only when the
-schedule was broken from outside (a rollback, a resume on another world size).
+generated again with the current weights or dropped (`on_stale`): a guard, since the schedule never
+produces one and a rollback or a resume discards or regenerates the batches generated ahead first.
 
 Off-policy correction (decoupled PPO; Hilton et al. 2021, used by AReaL, Fu et al. 2025, arXiv
 2505.24298): the clipped ratio's denominator is the proximal policy, the trainer's weights at the
@@ -43,10 +43,9 @@ from .console import LOG
 from .sampling import Scored, StepBatch, rescore, sample_step
 
 
-class _Stamped:
-    """The rollout engine as the producer sees it: every generation call's samples carry the
-    engine's weight version (its sync count) per token, when the engine does not report them
-    itself (hf: nothing changes its weights during a call)."""
+class _NoSleep:
+    """The rollout engine as the producer sees it: it generates while the trainer trains, so it
+    never sleeps between calls."""
 
     def __init__(self, engine):
         self._engine = engine
@@ -54,15 +53,16 @@ class _Stamped:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def generate(self, prompt_ids, sampling):
-        version = int(self._engine.version)
-        exp = self._engine.generate(prompt_ids, sampling)
-        if exp.versions is None:
-            exp.versions = torch.full(exp.response_ids.shape, version, dtype=torch.long)
-        return exp
-
-    def sleep(self) -> None:   # the engine generates while the trainer trains: it never sleeps
+    def sleep(self) -> None:
         pass
+
+
+def _stamp(exp, version: int) -> None:
+    """Label the tokens with the engine's sync count `version` where the engine reported none (hf,
+    and episodes, whose batch is built from many calls): without partial rollouts no sync happens
+    while a batch is made, so that one version sampled all of it."""
+    if exp.versions is None:
+        exp.versions = torch.full(exp.response_ids.shape, int(version), dtype=torch.long)
 
 
 class Pipeline:
@@ -86,8 +86,8 @@ class Pipeline:
         self.policy_of = {int(self.engine.version): self.policy}      # engine sync count -> policy version
         self.before: dict[int, tuple[dict, dict]] = {}                # step -> (sampler, rewards) before its batch
         self.busy, self.closed, self.error = False, False, None
-        self.idle_rollout, self.dropped, self.regenerated = 0.0, 0, 0
-        self._producer_c = dataclasses.replace(c, rollout=_Stamped(self.engine))
+        self.idle_rollout = 0.0
+        self._producer_c = dataclasses.replace(c, rollout=_NoSleep(self.engine))
         self.thread = threading.Thread(target=self._produce, name="rltune-rollout-producer", daemon=True)
         self.thread.start()
 
@@ -109,10 +109,8 @@ class Pipeline:
                     version = int(self.engine.version)
                 batch = sample_step(self._producer_c)
                 with self.cv:
-                    exp = batch.batch.exp
-                    if exp.versions is None:   # episodes: built from many calls; one version without partial
-                        exp.versions = torch.full(exp.response_ids.shape, version, dtype=torch.long)
-                    self._to_policy(exp)
+                    _stamp(batch.batch.exp, version)
+                    self._to_policy(batch.batch.exp)
                     self.ready[j], self.next, self.busy = batch, j + 1, False
                     self.cv.notify_all()
         except BaseException as err:  # noqa: BLE001 - handed to the trainer thread, raised there
@@ -181,7 +179,6 @@ class Pipeline:
             keep = [g for g in range(exp.size // G) if g not in stale_groups]
             if self.on_stale == "drop" and keep:
                 drawn = _select_groups(drawn, keep, G)
-                self.dropped += len(stale_groups)
                 m["async/dropped"] = float(len(stale_groups))
                 LOG.warning("[Async] %d group(s) had tokens older than rollout.asynchronous.max_staleness %d "
                             "versions: dropped (on_stale: drop)", len(stale_groups), self.K)
@@ -204,13 +201,14 @@ class Pipeline:
             allowed, self.allowed = self.allowed, self.next - 1   # hold the producer: one engine, one sampler
         try:
             rows = [drawn.batch.rows[g * G] for g in stale]
+            version = int(self.engine.version)
             fresh, fresh_lengths = rescore(self._producer_c, rows)
+            _stamp(fresh.exp, version)
             self._to_policy(fresh.exp)
         finally:
             with self.cv:
                 self.allowed = allowed
                 self.cv.notify_all()
-        self.regenerated += len(stale)
         LOG.warning("[Async] %d group(s) had tokens older than rollout.asynchronous.max_staleness %d versions: "
                     "generated again with the current weights (on_stale: regenerate)", len(stale), self.K)
         kept = _select_groups(drawn, keep, G) if keep else None
@@ -231,7 +229,7 @@ class Pipeline:
         first = step + 1
         sampler, rewards = self.before.get(first, (self.c.sampler.state_dict(), self.c.rewards.state_dict()))
         entry = {"max_staleness": self.K, "next_step": first, "sampler_before": sampler, "rewards_before": rewards,
-                 "inflight_steps": sorted(self.ready), "policy": self.policy}
+                 "inflight_steps": sorted(self.ready)}
         batches = {}
         for j, b in self.ready.items():
             packed = pack(b)
