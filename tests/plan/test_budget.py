@@ -100,6 +100,26 @@ def test_tiny_checkpointing_keeps_layer_inputs():
     assert plan.activations["without_checkpointing"] == (2 * 352 * 1088 + 16 * 22 * 22) * 4
 
 
+def test_token_budget_sizes_the_micro_batch_passes():
+    """train.max_tokens_per_micro_batch 100 at the longest sequence, 16 + 6 = 22 tokens: 100 // 22 = 4
+    sequences per micro-batch, whatever train.micro_batch_size (16) says."""
+    plan = estimate(recipe_of(TINY.replace("micro_batch_size: 16}", "micro_batch_size: 16, "
+                                           "max_tokens_per_micro_batch: 100}")), Hardware("cpu"))
+    # as test_tiny_cpu_budget_by_hand with 4 sequences of 22 tokens: 2 layers x 88 tokens x 1088 + the 4 x 22 x 22 mask
+    act = (2 * (4 * 22) * (7 * 64 + 2 * 64 + 4 * 128) + 4 * 22 * 22) * 4
+    logits = 2 * 4 * 7 * 77 * 4 + 3 * 4 * 7 * 77 * 4
+    assert item(plan, "actor activations") == act == 773_696            # 1/4 of the 16-row micro-batch's
+    assert item(plan, "actor logits (log-prob pass + its gradient)") == logits
+    assert item(plan, "CPU allocator retention (glibc)") == act + logits
+    # the reference pass: one layer's values, 88 tokens x (4h + 2h + 3i) fp32, + the logits without gradient
+    assert item(plan, "reference pass") == 88 * (4 * 64 + 2 * 64 + 3 * 128) * 4 + 4 * 7 * 77 * 4 + 3 * 4 * 7 * 77 * 4
+    note = next(i.note for i in plan.items if i.name == "actor activations")
+    assert "train.max_tokens_per_micro_batch 100: 4 sequence(s) of 22 tokens" in note
+    # a budget under one sequence: each micro-batch holds one (it cannot be split)
+    one = estimate(recipe_of(TINY.replace("micro_batch_size: 16}", "max_tokens_per_micro_batch: 10}")), Hardware("cpu"))
+    assert item(one, "actor activations") == (2 * 22 * 1088 + 22 * 22) * 4
+
+
 def test_lora_reference_is_the_adapter_disabled_and_only_the_adapter_trains():
     text = TINY.replace("policy: builtin:tiny-llama}", "policy: builtin:tiny-llama, lora: {r: 4, alpha: 8}}")
     plan = estimate(recipe_of(text), Hardware("cpu"))
@@ -153,6 +173,18 @@ def test_7b_zero0_one_gpu_by_hand(llama7b):
     # it does not fit one 80 GB card; a change that fits is proposed, with its new numbers
     assert plan.peak > 80 * GiB and plan.fits is False
     assert plan.proposals and all(p.fits and p.peak <= 0.95 * 80 * GiB for p in plan.proposals)
+
+
+def test_a_token_budget_is_shrunk_instead_of_the_micro_batch(llama7b):
+    from rltune.plan.proposals import candidates
+
+    text = SEVEN_B.format(path=llama7b, zero=0, nproc=1)
+    r = recipe_of(text.replace("micro_batch_size: 2}", "micro_batch_size: 2, max_tokens_per_micro_batch: 4096}"))
+    hw = Hardware("cuda", gpus=1, mem_bytes=80 * GiB)
+    changes = [c for _, c, _, _ in candidates(r, estimate(r, hw), hw)]
+    # 4096 tokens hold 4 of the longest sequences (512 + 512): budgets of 3, 2 and 1 of them, no micro_batch_size
+    assert {"train.max_tokens_per_micro_batch": [3072, 2048, 1024]} in changes
+    assert not [c for c in changes if "train.micro_batch_size" in c]
 
 
 def test_7b_zero3_eight_gpus_by_hand(llama7b):
@@ -237,3 +269,36 @@ def test_shared_prompt_conditions_match_the_trainer():
     assert E.SHARED_MODEL_TYPES == S.VERIFIED_MODEL_TYPES
     assert E.SHARED_ATTENTION == S.VERIFIED_ATTENTION
     assert E.SHARED_MIN_SAVED_FLOP == S.MIN_SAVED_FLOP
+
+
+def test_selective_checkpointing_by_hand():
+    """actor.gradient_checkpointing: selective on the quickstart shape: every layer (30) keeps its input
+    (h = 576) for the 2 distinct 40-token prompts and the 8 responses' 16 tokens, and the prompts' keys/values
+    (2 x 576: SDPA repeats k/v); one layer is recomputed whole (11,328 values per token) with its rows'
+    prompt keys/values (8 x 40 x 2 x 576); + the masks 2 x 40 x 40 and 8 x 16 x 56; fp32."""
+    plan = estimate(recipe_of(QUICK + "actor: {gradient_checkpointing: selective}\n"), Hardware("cpu"))
+    sel = (30 * (2 * 40 + 8 * 16) * 576 + 30 * 2 * 40 * 2 * 576 + 8 * 16 * 11_328 + 8 * 40 * 2 * 576
+           + 2 * 40 * 40 + 8 * 16 * 56) * 4
+    assert item(plan, "actor activations") == sel == plan.activations["selective"]
+    # every choice is counted in the note and in plan.activations; selective is the smallest here
+    a = plan.activations
+    assert a["checkpointing"] == "selective" and sel < a["with_checkpointing"] < a["without_checkpointing"]
+    note = next(i.note for i in plan.items if i.name == "actor activations")
+    assert "gradient_checkpointing selective" in note and "full: " in note and "false: " in note
+    assert "2 distinct prompt(s)" in note
+    # full: the shared-prompt passes are off, 8 rows x 56 tokens: layer inputs + one layer + the mask
+    full = estimate(recipe_of(QUICK + "actor: {gradient_checkpointing: full}\n"), Hardware("cpu"))
+    assert item(full, "actor activations") == (30 * 8 * 56 * 576 + 8 * 56 * 11_328 + 8 * 56 * 56) * 4
+
+
+def test_large_vocabulary_logits_are_one_chunk(llama7b):
+    """A 152k vocabulary: 2 x 513 response positions would be 1026 rows of logits; the output layer
+    runs in chunks of 2^24 // 151,936 = 110 rows (train/chunked_head.py), except under ZeRO-3."""
+    V = 151_936
+    (llama7b / "config.json").write_text(json.dumps({**LLAMA2_7B, "vocab_size": V}))
+    rows = (1 << 24) // V
+    assert rows == 110
+    plan = estimate(recipe_of(SEVEN_B.format(path=llama7b, zero=0, nproc=1)), Hardware("cuda", gpus=1))
+    assert item(plan, "actor logits (log-prob pass + its gradient)") == rows * V * 2 * 2 + 3 * rows * V * 4
+    zero3 = estimate(recipe_of(SEVEN_B.format(path=llama7b, zero=3, nproc=8)), Hardware("cuda", gpus=8))
+    assert item(zero3, "actor logits (log-prob pass + its gradient)") == 2 * 513 * V * 2 * 2 + 3 * (1 << 26) * 4

@@ -132,7 +132,7 @@ def test_presets_merge_under_the_recipe(write):
     assert r.algorithm.kl.coef == 0.03            # the recipe wins
     assert r.algorithm.clip_range == 0.15         # from cold-start
     assert r.train.batch_size == 64               # from 1x40gb
-    assert r.actor.gradient_checkpointing is True
+    assert r.actor.gradient_checkpointing == "selective"
     assert res.origin("train.batch_size") == "preset:1x40gb"
     assert res.where("train.batch_size")[0].endswith("1x40gb.yaml")
     assert res.origin("algorithm.kl.coef") == "recipe"

@@ -182,7 +182,7 @@ def test_preset_shipped_with_its_memory_arithmetic(cli):
         assert s in text
     p = load_preset("lora-1gpu")
     assert p["model"]["lora"] == {"r": 64, "alpha": 128, "dropout": 0.0, "target_modules": "all-linear"}
-    assert p["trainer"]["precision"] == "bf16" and p["actor"]["gradient_checkpointing"] is True
+    assert p["trainer"]["precision"] == "bf16" and p["actor"]["gradient_checkpointing"] == "selective"
     assert 1e-5 <= p["actor"]["lr"] <= 5e-5 and p["train"]["micro_batch_size"] <= 2
     code, out = cli("presets", "show", "lora-1gpu")
     assert code == 0 and out == text

@@ -1,6 +1,7 @@
 """Settings that do nothing where they are, rollback's preconditions and the truncation mask
-(rules_settings.py; issue 25, items 14 and 15), and generation ahead (rules_async.py): each rule
-fires on a held case with its fix and stays silent once the fix is applied."""
+(rules_settings.py; issue 25, items 14 and 15), generation ahead (rules_async.py) and a token budget
+per micro-batch (rules_memory.py): each rule fires on a held case with its fix and stays silent once
+the fix is applied."""
 
 from __future__ import annotations
 
@@ -86,6 +87,12 @@ CASES = [
      "set rollout.asynchronous.max_staleness: 1", ["rollout.asynchronous.partial=true", K1, SERVER]),
     ("setting-without-effect", MINIMAL, ["rollout.asynchronous.on_stale=drop"], "error",
      "remove rollout.asynchronous.on_stale", ["rollout.asynchronous.on_stale=drop", K1]),
+    # a token budget under the longest sequence (rules_memory.py): 256 + 64 = 320 tokens
+    ("micro-batch-tokens", MINIMAL, ["train.max_tokens_per_micro_batch=300"], "warning",
+     "set train.max_tokens_per_micro_batch: 320", ["train.max_tokens_per_micro_batch=320"]),
+    ("micro-batch-tokens", MINIMAL, ["train.max_tokens_per_micro_batch=1000", "rollout.max_new_tokens=1024"],
+     "warning", "set train.max_tokens_per_micro_batch: 1280",
+     ["train.max_tokens_per_micro_batch=2560", "rollout.max_new_tokens=1024"]),
 ]
 
 

@@ -14,7 +14,8 @@ ratio level and policy loss) and measures what must hold:
   the step move away from it (`later_dev`) and clipping engages (`later_clipfrac`);
 - objective: one more update on the fixed experience lowers the surrogate loss;
 - 1 x 8 == 8 x 1: fresh actors updated on the step's experience with one micro-batch per rank
-  and with micro-batches of one sequence end with the same weights (`accum_diff`);
+  and with micro-batches of one sequence (with `train.max_tokens_per_micro_batch`: the budget's
+  packing, `many_micro` micro-batches) end with the same weights (`accum_diff`);
 - the final actor weights (rank 0 writes them) so the test can compare 2 ranks with 1.
 The test reads OUT_DIR/result.json and OUT_DIR/params.pt.
 """
@@ -33,7 +34,8 @@ MICRO, PER_UPDATE, GROUP, NEW_TOKENS = 2, 8, 4, 6
 
 # the factors a case may leave out take these values (the matrix before they were factors)
 DEFAULTS = {"filter": False, "lora": "none", "ratio_level": "token", "policy_loss": "ppo",
-            "mask_truncated": False, "overlong": False, "top_p": 1.0, "episodes": False, "stale": False}
+            "mask_truncated": False, "overlong": False, "top_p": 1.0, "episodes": False, "stale": False,
+            "mb_tokens": None, "checkpointing": False}
 LORA = {"d0": {"r": 8, "alpha": 16, "dropout": 0.0}, "d05": {"r": 8, "alpha": 16, "dropout": 0.05}}
 
 
@@ -73,11 +75,13 @@ def recipe_for(case: dict):
         # eps 1e-2: Adam stays linear in the gradient, so float-rounding differences stay float-sized
         # LoRA: the adapter moves the policy less per step; 10x the lr (the playbook's LoRA factor) so that
         # later updates of a step leave the clip range as the full-weight cases do
-        "actor": {"lr": 5e-2 if case["lora"] != "none" else 5e-3, "eps": 1e-2, "warmup_steps": 0, "zero_stage": case["zero"], "grad_clip": 1.0},
-        "critic": {"lr": 1e-2, "eps": 1e-2, "warmup_steps": 0, "zero_stage": case["zero"], "grad_clip": 1.0},
+        "actor": {"lr": 5e-2 if case["lora"] != "none" else 5e-3, "eps": 1e-2, "warmup_steps": 0, "zero_stage": case["zero"],
+                  "grad_clip": 1.0, "gradient_checkpointing": case["checkpointing"]},
+        "critic": {"lr": 1e-2, "eps": 1e-2, "warmup_steps": 0, "zero_stage": case["zero"], "grad_clip": 1.0,
+                   "gradient_checkpointing": case["checkpointing"]},
         "rollout": rollout,
         "train": {"batch_size": PER_UPDATE, "micro_batch_size": MICRO, "ppo_epochs": case["epochs"],
-                  "updates_per_step": case["updates"]},
+                  "updates_per_step": case["updates"], "max_tokens_per_micro_batch": case["mb_tokens"]},
         "trainer": {"precision": case["precision"], "seed": 0, "device": "cpu"},
     })
 
@@ -236,6 +240,20 @@ def global_loss(loss_fn, exp, agg) -> float:
     return global_sum([float(loss) * w])[0]
 
 
+def unshuffled(e, micro: int, size: int, gen, group: int = 1, max_tokens=None):
+    """loop.micro_batches without the shuffle: the ranks' update u must hold the rows of the 1-rank
+    update u. Micro-batches of `micro` rows as they come, or the budget's length-sorted packing of
+    whole groups (`batching.cut`)."""
+    from rltune.train import batching
+
+    if max_tokens is not None:
+        unit = batching.group_rows(size, group)
+        return [batching.cut(e, torch.arange(u, min(u + size, e.size)), micro, unit, max_tokens)
+                for u in range(0, e.size, size)]
+    return [[e.select(torch.arange(u + m, min(u + m + micro, u + size))) for m in range(0, size, micro)]
+            for u in range(0, e.size, size)]
+
+
 def main() -> int:
     case, out = json.loads(sys.argv[1]), Path(sys.argv[2])
     from rltune.engine.distributed import init_distributed, shutdown_distributed
@@ -243,7 +261,7 @@ def main() -> int:
     from rltune.engine.weights import iter_full_params
     from rltune.algo import make_kl_controller
     from rltune.recipe.knobs import Knobs
-    from rltune.train import loop, shared_prompt, update
+    from rltune.train import batching, loop, shared_prompt, update
 
     # the tiny model saves too little for the shared-prompt passes to pay off: force them, so the
     # matrix (2 ranks, every ZeRO stage, the critic) runs them
@@ -265,10 +283,7 @@ def main() -> int:
                    build_critic(r, "cpu", total) if r.has_critic else None, reference, None,
                    make_kl_controller(0.05, None, 10000), resolve_correction(r, "hf"))
     knobs = Knobs.from_recipe(r)
-    # no shuffling: the ranks' update u must hold the rows of the 1-rank update u
-    loop.micro_batches = lambda e, micro, size, gen, *_: [
-        [e.select(torch.arange(u + m, min(u + m + micro, u + size))) for m in range(0, size, micro)]
-        for u in range(0, e.size, size)]
+    loop.micro_batches = unshuffled   # no shuffling: the ranks' update u holds the rows of the 1-rank update u
     recorder = LossRecorder(update.policy_loss)
     update.policy_loss = recorder
     learned = loop.learn(c, exp, knobs, torch.Generator().manual_seed(0))
@@ -316,11 +331,21 @@ def main() -> int:
         objective = update.make_actor_loss(actors[0], tok, Knobs.from_recipe(tok), c.correction)
     before = global_loss(objective, exp, r.algorithm.loss_agg)
     res_one = update.run_update(actors[0], [exp], fn[0], r.algorithm.loss_agg)
-    res_many = update.run_update(actors[1], [exp.select(torch.tensor([i])) for i in range(exp.size)], fn[1],
-                                 r.algorithm.loss_agg)
+    many = [exp.select(torch.tensor([i])) for i in range(exp.size)]
+    if r.train.max_tokens_per_micro_batch:   # the budget's packing (uneven micro-batches, groups split)
+        many = batching.cut(exp, torch.arange(exp.size), MICRO, GROUP, r.train.max_tokens_per_micro_batch)
+    res_many = update.run_update(actors[1], many, fn[1], r.algorithm.loss_agg)
     after = global_loss(objective, exp, r.algorithm.loss_agg)
     p_one, p_many = dict(iter_full_params(actors[0])), dict(iter_full_params(actors[1]))
     accum_diff = max(float((p_one[n].float() - p_many[n].float()).abs().max()) for n in p_one)
+    recompute_diff = 0.0
+    if r.actor.gradient_checkpointing:
+        # recomputation is exact: the same 1 x 8 update by an actor that keeps its activations
+        plain = small.model_copy(update={"actor": small.actor.model_copy(update={"gradient_checkpointing": False})})
+        keeper = fresh_actor(plain, total)
+        update.run_update(keeper, [exp], update.make_actor_loss(keeper, plain, knobs, c.correction), r.algorithm.loss_agg)
+        p_plain = dict(iter_full_params(keeper))
+        recompute_diff = max(float((p_one[n].float() - p_plain[n].float()).abs().max()) for n in p_one)
     moved = max(float((p_one[n].float() - init[n]).abs().max()) for n in p_one)
 
     params = {n: t.float().cpu().clone() for n, t in iter_full_params(c.actor)}
@@ -333,7 +358,7 @@ def main() -> int:
             "first_dev": first_dev, "later_dev": later_dev, "later_clipfrac": later_clipfrac,
             "loss_before": before, "loss_after": after,
             "loss_one": res_one.loss, "loss_many": res_many.loss,
-            "accum_diff": accum_diff, "moved": moved,
+            "accum_diff": accum_diff, "moved": moved, "many_micro": len(many), "recompute_diff": recompute_diff,
             "behavior_err": behavior_err, "rollout_err": rollout_err,
             "trained_rows": int((exp.response_mask.sum(-1) > 0).sum()), "rows": exp.size,
             "sampled": sampled,

@@ -147,6 +147,97 @@ def test_gradients_equal_the_plain_pass(lm):
             _assert_grad_close(b, a)
 
 
+class _Calls:
+    """Counts the forward calls of a model's first decoder layer, by the rows it saw."""
+
+    def __init__(self, model):
+        from rltune.models.checkpointing import _layers
+
+        self.rows: list[int] = []
+        self.handle = _layers(model)[0].register_forward_pre_hook(
+            lambda _m, args: self.rows.append(args[0].shape[0]))
+
+
+@pytest.fixture
+def selective(lm):
+    """`lm` with selective checkpointing, in training mode; restored afterwards."""
+    from rltune.models.checkpointing import _layers, checkpointing_mode, enable_checkpointing
+
+    enable_checkpointing(lm, "selective")
+    lm.train()
+    assert checkpointing_mode(lm) == "selective"
+    yield lm
+    lm.gradient_checkpointing_disable()
+    for layer in _layers(lm):
+        layer._can_checkpoint_with_cache = False
+    lm.eval()
+
+
+def test_selective_checkpointing_keeps_the_prompt_and_equals_the_plain_pass(selective):
+    """Selective checkpointing: the shared-prompt passes stay on, the gradients equal the plain
+    unshared pass without recompute, and the layers really recompute: in backward the first
+    layer runs again for the b response rows, then for the u prompts."""
+    from rltune.train.shared_prompt import shared_prompt_reason, shared_response_logits
+    from rltune.train.update import response_logits
+
+    from rltune.models.checkpointing import enable_checkpointing
+
+    lm, mb = selective, _batch(3)
+    assert shared_prompt_reason(lm) is None
+    lm.gradient_checkpointing_disable()                      # the plain pass: no recompute, unshared
+    plain = _grads(lm, _loss(response_logits(lm, mb, TEMPERATURE), mb))
+    enable_checkpointing(lm, "selective")
+    calls = _Calls(lm)
+    logits = shared_response_logits(lm, mb, TEMPERATURE)
+    forward_rows = list(calls.rows)
+    shared = _grads(lm, _loss(logits, mb))
+    calls.handle.remove()
+    assert forward_rows == [3, mb.size]                      # u distinct prompts, then b responses
+    assert calls.rows[len(forward_rows):] == [mb.size, 3]    # backward recomputed both passes
+    for a, b in zip(plain, shared):
+        assert (a is None) == (b is None)
+        if a is not None:
+            _assert_grad_close(b, a)
+
+
+def test_full_checkpointing_turns_the_shared_prompt_off(lm):
+    from rltune.models.checkpointing import checkpointing_mode, enable_checkpointing
+    from rltune.train.shared_prompt import shared_prompt_reason
+
+    enable_checkpointing(lm, "full")
+    try:
+        assert checkpointing_mode(lm) == "full" and "selective keeps it" in shared_prompt_reason(lm)
+    finally:
+        lm.gradient_checkpointing_disable()
+    assert checkpointing_mode(lm) is False
+
+
+def test_selective_critic_values_and_gradients_equal_the_plain_pass(critic):
+    from rltune.models.checkpointing import _layers, enable_checkpointing
+    from rltune.train.shared_prompt import shared_prompt_reason, shared_response_values
+
+    mb = _batch()
+    plain = critic(**mb.model_inputs())[:, -T - 1:-1].float()
+    grads_plain = _grads(critic, (plain * mb.advantages).sum())
+    enable_checkpointing(critic.backbone, "selective")
+    critic.train()
+    try:
+        assert shared_prompt_reason(critic) is None
+        calls = _Calls(critic)
+        shared = shared_response_values(critic, mb)
+        grads_shared = _grads(critic, (shared * mb.advantages).sum())
+        assert calls.rows == [3, mb.size, mb.size, 3]
+        calls.handle.remove()
+    finally:
+        critic.backbone.gradient_checkpointing_disable()
+        for layer in _layers(critic):
+            layer._can_checkpoint_with_cache = False
+        critic.eval()
+    torch.testing.assert_close(shared, plain, rtol=0, atol=1e-5)
+    for a, b in zip(grads_plain, grads_shared):
+        _assert_grad_close(b, a)
+
+
 @pytest.mark.parametrize("batch", ["groups", "all-distinct"])
 def test_values_and_gradients_equal_the_plain_pass(critic, batch):
     from rltune.train.shared_prompt import shared_prompt_reason, shared_response_values
@@ -169,7 +260,7 @@ def test_reason_refuses_what_is_not_exact(lm):
 
     lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     try:
-        assert "gradient checkpointing" in shared_prompt_reason(lm)
+        assert "gradient_checkpointing is full" in shared_prompt_reason(lm)
         # HF hands back an empty cache in training under checkpointing: refused, not wrong
         lm.train()
         with pytest.raises(RuntimeError, match="no KV cache"):
@@ -188,11 +279,13 @@ def test_reason_refuses_what_is_not_exact(lm):
     assert shared_prompt_reason(torch.nn.Linear(2, 2)) is not None
 
 
-def test_deepspeed_zero3_engines_match_the_plain_pass(monkeypatch):
+@pytest.mark.parametrize("checkpointing", [False, "selective"])
+def test_deepspeed_zero3_engines_match_the_plain_pass(monkeypatch, checkpointing):
     """Two forwards (prompt, responses) before one backward, through ZeRO-3 engines: the actor
     called as the engine, the critic's backbone and value head called inside the engine.
     Persistence threshold 0: the tiny parameters are released after each module's forward
-    and gathered again (by default ZeRO-3 keeps parameters under 1e5 elements gathered)."""
+    and gathered again (by default ZeRO-3 keeps parameters under 1e5 elements gathered), so
+    with selective checkpointing the recompute in backward gathers them once more."""
     from deepspeed.utils import safe_get_full_grad
 
     from rltune.engine import roles
@@ -215,6 +308,9 @@ def test_deepspeed_zero3_engines_match_the_plain_pass(monkeypatch):
         "reward": {"functions": ["builtin:format"]}, "algorithm": {"name": "ppo"},
         "actor": {"zero_stage": 3}, "critic": {"zero_stage": 3},
         "rollout": {"batch_size": 8}, "train": {"batch_size": 8, "micro_batch_size": 8}})
+    shared_recipe = r.model_copy(update={
+        "actor": r.actor.model_copy(update={"gradient_checkpointing": checkpointing}),
+        "critic": r.critic.model_copy(update={"gradient_checkpointing": checkpointing})})
     mb = _batch(4)
 
     def grads(engine):
@@ -224,13 +320,17 @@ def test_deepspeed_zero3_engines_match_the_plain_pass(monkeypatch):
         torch.manual_seed(0)
         plain_engine = build(r, "cpu", 10)
         torch.manual_seed(0)                      # the same value head
-        shared_engine = build(r, "cpu", 10)
+        shared_engine = build(shared_recipe, "cpu", 10)
+        plain_engine.train(), shared_engine.train()
         assert shared_prompt_reason(shared_engine) is None
         assert all(p.numel() == 0 for p in shared_engine.module.parameters())   # partitioned, released
+        calls = _Calls(shared_engine.module)
         plain, shared = forward_plain(plain_engine), forward_shared(shared_engine)
         torch.testing.assert_close(shared, plain, rtol=0, atol=1e-5)
         plain_engine.backward(loss(plain), scale_wrt_gas=False)
         shared_engine.backward(loss(shared), scale_wrt_gas=False)
+        calls.handle.remove()
+        assert calls.rows == [3, mb.size] + ([mb.size, 3] if checkpointing else [])   # the recompute
         a, b = grads(plain_engine), grads(shared_engine)
         for n in a:
             _assert_grad_close(b[n], a[n], n)
@@ -240,3 +340,39 @@ def test_deepspeed_zero3_engines_match_the_plain_pass(monkeypatch):
           lambda e: shared_response_logits(e, mb, TEMPERATURE), lambda logits: _loss(logits, mb))
     check(roles.build_critic, lambda e: e(**mb.model_inputs())[:, -T - 1:-1].float(),
           lambda e: shared_response_values(e, mb), lambda v: (v * mb.advantages).sum())
+
+
+def test_selective_checkpointing_under_lora_equals_the_plain_pass():
+    """A LoRA actor (PEFT around the model, enabled before the wrap as build_actor does): the adapter's
+    gradients under selective checkpointing equal the plain unshared pass's, lora_B made non-zero so
+    the adapter's path carries gradient into lora_A too."""
+    from rltune.models.checkpointing import checkpointing_mode, enable_checkpointing
+    from rltune.models.loading import load_causal_lm
+    from rltune.models.lora import apply_lora
+    from rltune.recipe.schema import LoraCfg
+    from rltune.train.shared_prompt import shared_prompt_reason, shared_response_logits
+    from rltune.train.update import response_logits
+
+    def build(mode):
+        torch.manual_seed(0)
+        model = load_causal_lm("builtin:tiny-llama", "fp32", "sdpa")
+        enable_checkpointing(model, mode)
+        peft = apply_lora(model, LoraCfg(r=4, alpha=8, dropout=0.0))
+        g = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for name, p in peft.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(0.05 * torch.randn(p.shape, generator=g))
+        return peft.train()
+
+    mb = _batch(8)
+    plain_model, selective_model = build(False), build("selective")
+    assert checkpointing_mode(selective_model) == "selective" and shared_prompt_reason(selective_model) is None
+    plain = _grads(plain_model, _loss(response_logits(plain_model, mb, TEMPERATURE), mb))
+    calls = _Calls(selective_model)
+    shared = _grads(selective_model, _loss(shared_response_logits(selective_model, mb, TEMPERATURE), mb))
+    calls.handle.remove()
+    assert calls.rows == [3, mb.size, mb.size, 3]
+    assert len(plain) == len(shared) > 0 and any(g.abs().sum() > 0 for g in plain)
+    for a, b in zip(plain, shared):
+        _assert_grad_close(b, a)

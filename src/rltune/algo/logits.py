@@ -17,7 +17,7 @@ import torch
 __all__ = ["entropy_from_logits", "logprobs_from_logits", "token_logprobs_entropy"]
 
 #: Default budget of elements (rows * vocab) of one float32 chunk (~256 MiB).
-_CHUNK_ELEMS = 1 << 26
+CHUNK_ELEMS = 1 << 26
 
 
 def _rows_per_chunk(vocab: int, chunk_size: Optional[int]) -> int:
@@ -25,7 +25,7 @@ def _rows_per_chunk(vocab: int, chunk_size: Optional[int]) -> int:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         return int(chunk_size)
-    return max(1, _CHUNK_ELEMS // max(vocab, 1))
+    return max(1, CHUNK_ELEMS // max(vocab, 1))
 
 
 def logprobs_from_logits(

@@ -137,9 +137,9 @@ def render(plan, path: str) -> list:
         out.append(f"KV cache ({plan.engine}): {fmt_bytes(kv['bytes'])} = {kv['tokens']:,} tokens x "
                    f"{kv['per_token_bytes']:,} B, {kv['sequences']:,} concurrent sequence(s) of the longest length")
     a = plan.activations
-    out.append(f"actor activations per micro-batch: {fmt_bytes(a['without_checkpointing'])} without gradient "
-               f"checkpointing, {fmt_bytes(a['with_checkpointing'])} with (the recipe: "
-               f"{'on' if a['checkpointing'] else 'off'})")
+    out.append(f"actor activations per micro-batch, by actor.gradient_checkpointing: "
+               f"false {fmt_bytes(a['without_checkpointing'])}, full {fmt_bytes(a['with_checkpointing'])}, "
+               f"selective {fmt_bytes(a['selective'])} (the recipe: {a['checkpointing'] or 'false'})")
     notes = [i for i in plan.items if i.note]
     if notes:
         out.append("")

@@ -76,12 +76,16 @@ def plan_lines(recipe) -> list:
     tb, rb, mb = recipe.train.batch_size, recipe.rollout.batch_size, recipe.train.micro_batch_size
     per_rank = tb // w if w else tb
     micro = max(1, per_rank // mb)
+    cut = f"{micro} micro-batch(es) of {mb}" + (" (gradient accumulation)" if micro > 1 else "")
+    budget = recipe.train.max_tokens_per_micro_batch
+    if budget is not None:
+        cut = (f"micro-batches of at most {budget} tokens (train.max_tokens_per_micro_batch: "
+               f"{recipe.micro_rows} of the longest sequence each)")
     lines = [
         f"batch plan: {recipe.algorithm.name}, world size {w}",
         f"  one step    {p['generation_calls_per_step']} generation call(s) x {rb} sequences "
         f"({p['prompts_per_generation_call']} prompts x {p['samples_per_prompt']} samples) = {p['sequences_per_step']} sequences",
-        f"  one update  {tb} sequences = {w} rank(s) x {micro} micro-batch(es) of {mb}"
-        + (" (gradient accumulation)" if micro > 1 else ""),
+        f"  one update  {tb} sequences = {w} rank(s) x {cut}",
         f"  per step    {p['optimizer_updates_per_step']} optimizer update(s) = {p['ppo_epochs']} ppo epoch(s) x "
         f"{p['updates_per_epoch']} update(s) per epoch (train.updates_per_step)"
         + ("; ratio 1 in every update: clipping is inactive" if p['optimizer_updates_per_step'] == 1 else ""),

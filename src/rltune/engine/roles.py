@@ -15,6 +15,7 @@ import math
 import torch
 from torch import nn
 
+from ..models.checkpointing import enable_checkpointing
 from ..models.adaptation import adaptation_for
 from ..models.loading import load_backbone, load_causal_lm
 
@@ -35,11 +36,11 @@ class ValueModel(nn.Module):
         self.backbone.gradient_checkpointing_enable(**kw)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None):
-        """`past_key_values`: a cache the backbone reads and extends in place (the shared-prompt
-        passes hand one in); None = no cache."""
+        """`past_key_values`: a cache the backbone's attention layers use as given (the
+        shared-prompt passes hand one in: extended by the prompt pass, read by the response
+        pass); None = no cache. (use_cache only asks the model to make a cache of its own.)"""
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               past_key_values=past_key_values,
-                               use_cache=past_key_values is not None).last_hidden_state      # (B, L, H)
+                               past_key_values=past_key_values, use_cache=False).last_hidden_state  # (B, L, H)
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)         # (B, L)
 
 
@@ -183,8 +184,7 @@ def build_actor(recipe, device: str, total_updates: int, adaptation=None):
     model = load_causal_lm(recipe.model.policy, "fp32", recipe.model.attn_implementation, device,
                            recipe.model.trust_remote_code)
     model.config.use_cache = False
-    if recipe.actor.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model, recipe.actor.gradient_checkpointing)   # false | full | selective
     model = adaptation.wrap(model, "actor")   # LoRA: base frozen, only the adapter trains
     _dropout_off(model, "actor")
     return adaptation.attach(_initialize(model, recipe.actor, recipe.trainer.precision,
@@ -207,8 +207,7 @@ def build_critic(recipe, device: str, total_updates: int, adaptation=None):
     else:
         model = ValueModel(backbone)
     _dropout_off(model, "critic")
-    if recipe.critic.gradient_checkpointing:
-        backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(backbone, recipe.critic.gradient_checkpointing)
     return adaptation.attach(_initialize(model, recipe.critic, recipe.trainer.precision,
                                          recipe.train.micro_batch_size, device, total_updates))
 

@@ -143,7 +143,8 @@ def trainable_summary(engine) -> tuple[int, int]:
 
 class _AdapterDisabled:
     """Calls the actor's PEFT model with the adapter disabled and in eval mode (no dropout), and
-    shows the attributes the trainer's passes read (config, parameters, gradient checkpointing)."""
+    shows the attributes the trainer's passes read (config, parameters, modules: the layers'
+    gradient checkpointing)."""
 
     def __init__(self, peft_model):
         self._peft = peft_model
@@ -152,9 +153,8 @@ class _AdapterDisabled:
     def config(self):
         return self._peft.get_base_model().config
 
-    @property
-    def is_gradient_checkpointing(self) -> bool:
-        return bool(getattr(self._peft.get_base_model(), "is_gradient_checkpointing", False))
+    def modules(self):
+        return self._peft.modules()
 
     def parameters(self):
         return self._peft.parameters()

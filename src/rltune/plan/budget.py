@@ -24,8 +24,10 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # same 5e8) and the ZeRO-3 prefetch bucket (stage3_prefetch_bucket_size)
 ZERO2_BUCKET = 500_000_000
 ZERO3_PREFETCH = 50_000_000
-# one (chunk, vocab) float32 block of the chunked log-prob (algo/logits.py _CHUNK_ELEMS)
+# one (chunk, vocab) float32 block of the chunked log-prob (algo/logits.py CHUNK_ELEMS)
 LOGPROB_CHUNK_ELEMS = 1 << 26
+# one chunk of the output layer run in chunks (train/chunked_head.py HEAD_CHUNK_ELEMS)
+HEAD_CHUNK_ELEMS = 1 << 24
 
 
 def train_state(total: int, trainable: int, precision: str, zero: int, world: int,
@@ -124,9 +126,10 @@ def all_layers_activation_elems(arch: Arch, attn: str = "sdpa", seq: int = 0) ->
     return dense + sparse
 
 
-def activations(arch: Arch, micro: int, seq: int, dtype_bytes: int, checkpointing: bool,
+def activations(arch: Arch, micro: int, seq: int, dtype_bytes: int, checkpointing,
                 attn: str = "sdpa", prompt: int = 0, prompts: int = 0) -> int:
-    """Activation memory of one training micro-batch of `micro` sequences of `seq` tokens.
+    """Activation memory of one training micro-batch of `micro` sequences of `seq` tokens;
+    `checkpointing` False | "full" | "selective" (True = full).
 
     Without recomputation: tokens x layer_activation_elems summed over the layers. With full
     recomputation (gradient checkpointing): each layer keeps only its input (layers x tokens x h)
@@ -135,10 +138,13 @@ def activations(arch: Arch, micro: int, seq: int, dtype_bytes: int, checkpointin
 
     `prompts` > 0: the shared-prompt passes (train/shared_prompt.py) run the micro-batch's `prompts`
     distinct prompts (of `prompt` tokens) once and the responses on their cache: see
-    shared_prompt_activations.
+    shared_prompt_activations; selective recomputes the response pass's layers (see
+    selective_activations). Selective without shared prompts is full.
     """
     if prompts and not checkpointing:
         return shared_prompt_activations(arch, micro, prompts, prompt, seq - prompt, dtype_bytes, attn)
+    if prompts and checkpointing == "selective":
+        return selective_activations(arch, micro, prompts, prompt, seq - prompt, dtype_bytes, attn)
     tokens = micro * seq
     if checkpointing:
         elems = arch.layers * tokens * arch.hidden + tokens * layer_activation_elems(arch, attn, seq)
@@ -169,6 +175,23 @@ def shared_prompt_activations(arch: Arch, micro: int, prompts: int, prompt: int,
     return elems * dtype_bytes
 
 
+def selective_activations(arch: Arch, micro: int, prompts: int, prompt: int, response: int,
+                          dtype_bytes: int, attn: str = "sdpa") -> int:
+    """Activations of a shared-prompt training pass under selective checkpointing
+    (models/checkpointing.py): every layer of both passes keeps its input, layers x (prompts x
+    prompt + micro x response) x h; the prompt's keys/values stay, layers x prompts x prompt x 2 kv';
+    one layer is recomputed whole in backward, micro x response x layer_activation_elems, with its
+    rows' prompt keys/values expanded, micro x prompt x 2 kv'; plus the two passes' attention masks."""
+    seq = prompt + response
+    elems = (arch.layers * (prompts * prompt + micro * response) * arch.hidden
+             + arch.layers * prompts * prompt * 2 * kv_width(arch, attn)
+             + micro * response * layer_activation_elems(arch, attn, seq)
+             + micro * prompt * 2 * kv_width(arch, attn))
+    if attn != "flash_attention_2":
+        elems += prompts * prompt * prompt + micro * response * seq
+    return elems * dtype_bytes
+
+
 def mlp_forward_elems(arch: Arch) -> int:
     """Values an MLP holds at once in a forward pass without autograd, per token: dense, gate, up
     and their product (3i); an MoE block runs its experts one after another, so one expert's
@@ -194,13 +217,20 @@ def forward_working(arch: Arch, micro: int, seq: int, dtype_bytes: int, attn: st
     return micro * seq * (4 * h + 2 * kv_width(arch, attn) + mlp_forward_elems(arch)) * dtype_bytes
 
 
-def logits_bytes(arch: Arch, micro: int, response: int, dtype_bytes: int, backward: bool) -> int:
+def logits_bytes(arch: Arch, micro: int, response: int, dtype_bytes: int, backward: bool,
+                 chunked: bool = True) -> int:
     """The log-prob pass's logits (algo/logits.py, train/update.py): the model returns logits for
     the response tokens only (logits_to_keep = response + 1), (micro, response + 1, vocab) in the
     model's dtype; log-probs and entropies are computed in float32 chunks of at most 2^26 values
     (the chunk, its log-softmax and its softmax: 3 chunks live). The backward pass adds the
-    logits' gradient (same size as the logits)."""
+    logits' gradient (same size as the logits).
+
+    `chunked` (not under ZeRO-3): where those logits exceed HEAD_CHUNK_ELEMS, the output layer
+    itself runs chunk by chunk (train/chunked_head.py), so one such chunk's logits, gradient and
+    fp32 temporaries exist at a time, not the micro-batch's."""
     rows = micro * (response + 1)
+    if chunked:
+        rows = min(rows, max(1, HEAD_CHUNK_ELEMS // arch.vocab))
     logits = rows * arch.vocab * dtype_bytes
     chunk = min(rows * arch.vocab, LOGPROB_CHUNK_ELEMS) * 4
     return logits * (2 if backward else 1) + 3 * chunk

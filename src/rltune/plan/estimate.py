@@ -190,13 +190,14 @@ def attention_impl(recipe, cpu: bool) -> str:
     return "sdpa"
 
 
-def shared_prompts(recipe, arch: Arch, attn: str, micro: int, checkpointing: bool) -> int:
+def shared_prompts(recipe, arch: Arch, attn: str, micro: int, checkpointing) -> int:
     """Distinct prompts per training micro-batch when the shared-prompt passes run
     (train/shared_prompt.py: train.share_prompts, groups of >= 2, a verified model type and
-    attention, no gradient checkpointing, and enough FLOPs saved to pay for the second forward
-    call: 2 x params x repeated prompt tokens >= MIN_SAVED_FLOP); 0 when they do not."""
+    attention, gradient checkpointing off or selective, and enough FLOPs saved to pay for the
+    second forward call: 2 x params x repeated prompt tokens >= MIN_SAVED_FLOP); 0 when they do not."""
     g = recipe.algorithm.group_size
-    if not recipe.train.share_prompts or g < 2 or checkpointing or attn not in SHARED_ATTENTION:
+    full = checkpointing and checkpointing != "selective"
+    if not recipe.train.share_prompts or g < 2 or full or attn not in SHARED_ATTENTION:
         return 0
     if arch.model_type not in SHARED_MODEL_TYPES:
         return 0
@@ -204,6 +205,22 @@ def shared_prompts(recipe, arch: Arch, attn: str, micro: int, checkpointing: boo
     if 2.0 * arch.params(active=True) * (micro - u) * recipe.data.max_prompt_length < SHARED_MIN_SAVED_FLOP:
         return 0
     return u
+
+
+def _mode_word(mode) -> str:
+    """actor/critic.gradient_checkpointing as a recipe writes it."""
+    return mode if mode else "false"
+
+
+def _budget_note(recipe, micro: int, seq: int) -> str:
+    """With train.max_tokens_per_micro_batch, where a micro-batch's `micro` sequences come from: a
+    micro-batch holds at most max(budget, seq) tokens, counted as `micro` sequences of the longest
+    `seq` (its tokens; attention's seq^2 terms at the longest sequence); "" without a budget."""
+    budget = recipe.train.max_tokens_per_micro_batch
+    if budget is None:
+        return ""
+    return (f"; train.max_tokens_per_micro_batch {budget}: {micro} sequence(s) of {seq} tokens per micro-batch "
+            "(train.micro_batch_size not used; a longer sequence goes alone)")
 
 
 def _lora_trainable(recipe, arch: Arch) -> int:
@@ -239,7 +256,8 @@ def estimate(recipe, hw: Hardware) -> "Plan":
     lora = recipe.model.lora
     P, T = recipe.data.max_prompt_length, recipe.response_tokens    # T: episodes, every turn (rollout.env)
     seq = max_sequence_length(recipe)
-    micro = recipe.train.micro_batch_size
+    micro = recipe.micro_rows             # train.micro_batch_size, or what the token budget holds at `seq`
+    by_tokens = _budget_note(recipe, micro, seq)
     attn = attention_impl(recipe, cpu)
     items: list = []
     notes: list = [f"sequences assumed at their longest: data.max_prompt_length {P} + {recipe.response_label} "
@@ -283,18 +301,23 @@ def estimate(recipe, hw: Hardware) -> "Plan":
         "actor step")
     add("actor ZeRO buffers", B.zero_working(arch, trainable, prec, a.zero_stage), ("update",),
         "ZeRO-2 gradient bucket" if a.zero_stage == 2 else "ZeRO-3 gathered layer + prefetch", "actor pass")
-    u = shared_prompts(recipe, arch, attn, micro, a.gradient_checkpointing)
-    act = B.activations(arch, micro, seq, b, a.gradient_checkpointing, attn, P, u)
-    other = B.activations(arch, micro, seq, b, not a.gradient_checkpointing, attn, P, u)
+    # each choice of actor.gradient_checkpointing, counted; the recipe's is the item
+    each = {m: B.activations(arch, micro, seq, b, m, attn, P, shared_prompts(recipe, arch, attn, micro, m))
+            for m in (False, "full", "selective")}
+    mode = a.gradient_checkpointing
+    u = shared_prompts(recipe, arch, attn, micro, mode)
+    act = each[mode]
     add("actor activations", act, ("update",),
-        f"micro-batch {micro} x {seq} tokens, gradient checkpointing {'on' if a.gradient_checkpointing else 'off'} "
-        f"({'off' if a.gradient_checkpointing else 'on'}: {B.fmt_bytes(other)})"
-        + (f"; shared-prompt passes: {u} distinct prompt(s) per micro-batch" if u and not a.gradient_checkpointing
-           else ""), "actor pass")
-    logits = B.logits_bytes(arch, micro, T, b, backward=True)
+        f"micro-batch {micro} x {seq} tokens, gradient_checkpointing {_mode_word(mode)} ("
+        + ", ".join(f"{_mode_word(m)}: {B.fmt_bytes(v)}" for m, v in each.items() if m != mode) + ")"
+        + (f"; shared-prompt passes: {u} distinct prompt(s) per micro-batch" if u else "") + by_tokens, "actor pass")
+    chunked = a.zero_stage != 3
+    logits = B.logits_bytes(arch, micro, T, b, backward=True, chunked=chunked)
+    whole = B.logits_bytes(arch, micro, T, b, backward=True, chunked=False)
     add("actor logits (log-prob pass + its gradient)", logits, ("update",),
-        f"{micro} x {T + 1} x vocab {arch.vocab} x {b} B, x2 for the gradient, + fp32 chunks",
-        "actor pass")
+        f"{micro} x {T + 1} x vocab {arch.vocab} x {b} B, x2 for the gradient, + fp32 chunks" + by_tokens
+        + (f"; the output layer runs in chunks of {B.HEAD_CHUNK_ELEMS // arch.vocab} rows (whole: "
+           f"{B.fmt_bytes(whole)})" if logits < whole else ""), "actor pass")
     if cpu:
         # glibc's malloc keeps what the update pass frees (an empirical term, docs/plan.md): the
         # logits' large frees raise its mmap threshold, so the activations land in heaps that stay
@@ -302,13 +325,12 @@ def estimate(recipe, hw: Hardware) -> "Plan":
         # GLIBC_TUNABLES=glibc.malloc.mmap_threshold=65536:glibc.malloc.trim_threshold=65536 1.69 GiB
         add("CPU allocator retention (glibc)", act + logits, ("update",),
             "freed activations and logits the allocator keeps resident: one more of each (measured)", "actor pass")
-    activ = {"checkpointing": a.gradient_checkpointing,
-             "with_checkpointing": B.activations(arch, micro, seq, b, True, attn, P, u),
-             "without_checkpointing": B.activations(arch, micro, seq, b, False, attn, P, u), "attention": attn,
-             "shared_prompts": u}
+    activ = {"checkpointing": mode, "with_checkpointing": each["full"], "without_checkpointing": each[False],
+             "selective": each["selective"], "attention": attn, "shared_prompts": u}
 
     # -- experience passes (one micro-batch at a time, no autograd)
-    fwd = B.forward_working(arch, micro, seq, b, attn) + B.logits_bytes(arch, micro, T, b, backward=False)
+    fwd = B.forward_working(arch, micro, seq, b, attn) + B.logits_bytes(arch, micro, T, b, backward=False,
+                                                                        chunked=a.zero_stage != 3)
     if needs_reference(recipe):
         if adapter_reference_ok(recipe):
             notes.append("reference = the actor with its adapter disabled (model.lora): no copy")
@@ -317,7 +339,8 @@ def estimate(recipe, hw: Hardware) -> "Plan":
             if ref is not None:
                 add("reference weights", ref.params() * b, ALL,
                     f"{ref.params() / 1e6:,.1f}M x {b} B, frozen, ZeRO-0 (never sharded)")
-        add("reference pass", fwd, ("experience",), f"micro-batch {micro}: one layer's values + logits", "reference pass")
+        add("reference pass", fwd, ("experience",), f"micro-batch {micro}: one layer's values + logits" + by_tokens,
+            "reference pass")
     if recipe.optimizer_updates_per_step > 1:
         add("behaviour pass", fwd + B.zero_working(arch, trainable, prec, 3 if a.zero_stage == 3 else 0),
             ("experience",), "pi_old log-probs (more than one update per step)"
@@ -365,7 +388,7 @@ def _critic_items(recipe, world: int, cpu: bool, attn: str, add, notes) -> None:
         return
     c, lora, prec = recipe.critic, recipe.model.lora, recipe.trainer.precision
     b = B.DTYPE_BYTES[prec]
-    micro, seq = recipe.train.micro_batch_size, recipe.data.max_prompt_length + recipe.response_tokens
+    micro, seq = recipe.micro_rows, recipe.data.max_prompt_length + recipe.response_tokens
     head = carch.hidden + 1
     total = trainable = carch.params(lm_head=False) + head
     if lora is not None:
@@ -380,8 +403,11 @@ def _critic_items(recipe, world: int, cpu: bool, attn: str, add, notes) -> None:
     u = shared_prompts(recipe, carch, attn, micro, c.gradient_checkpointing)
     add("critic activations", B.activations(carch, micro, seq, b, c.gradient_checkpointing, attn,
                                             recipe.data.max_prompt_length, u), ("update",),
-        f"gradient checkpointing {'on' if c.gradient_checkpointing else 'off'}", "critic pass")
-    add("value pass", B.forward_working(carch, micro, seq, b, attn), ("experience",), "", "value pass")
+        f"gradient_checkpointing {_mode_word(c.gradient_checkpointing)}"
+        + (f"; shared-prompt passes: {u} distinct prompt(s) per micro-batch" if u else "")
+        + _budget_note(recipe, micro, seq), "critic pass")
+    add("value pass", B.forward_working(carch, micro, seq, b, attn), ("experience",),
+        _budget_note(recipe, micro, seq).lstrip("; "), "value pass")
 
 
 def _reward_items(recipe, attn: str, add, notes) -> None:

@@ -3,7 +3,8 @@ modified copy of the recipe (`Recipe.model_copy`): the numbers a proposal shows 
 
 Order (best first) is the cost of the change to the run: gradient checkpointing (~1/3 more
 compute in training passes), a smaller vLLM share (fewer concurrent sequences), a smaller
-micro-batch (more, smaller passes; the update is the same), the next ZeRO stage (more
+micro-batch or train.max_tokens_per_micro_batch (more, smaller passes; the update is the same), the
+next ZeRO stage (more
 communication), optimizer offload (CPU Adam: slow steps), LoRA (a different method: adapters).
 A proposal fits when it leaves 5% of the card free (MARGIN). When no single change fits, they are
 combined in that order until the recipe fits, and then those it fits without are dropped.
@@ -79,8 +80,11 @@ def candidates(recipe, plan, hw) -> list:
     out = []
     gc_off = not recipe.actor.gradient_checkpointing or (recipe.has_critic and not recipe.critic.gradient_checkpointing)
     if gc_off:
-        out.append((1, _both(recipe, "gradient_checkpointing", True),
-                    "gradient checkpointing", "recompute activations in the backward pass: keeps only each layer's input"))
+        out.append((1, _both(recipe, "gradient_checkpointing", "selective"), "selective gradient checkpointing",
+                    "recompute each layer of the response tokens in the backward pass, each group's prompt "
+                    "computed once (full where the shared-prompt passes do not apply)"))
+        out.append((1, _both(recipe, "gradient_checkpointing", "full"), "full gradient checkpointing",
+                    "recompute every layer in the backward pass: keeps only each layer's input"))
     if hw.device == "cuda" and recipe.trainer.precision == "fp32":
         out.append((2, {"trainer.precision": "bf16"},
                     "bf16", "16-bit weights and gradients (mixed precision: fp32 master weights stay in the optimizer)"))
@@ -93,7 +97,14 @@ def candidates(recipe, plan, hw) -> list:
     per_rank = max(1, recipe.train.batch_size // world)
     m = recipe.train.micro_batch_size
     smaller = [d for d in range(m - 1, 0, -1) if per_rank % d == 0]
-    if smaller:
+    budget = recipe.train.max_tokens_per_micro_batch
+    if budget is not None:   # micro-batches by tokens: budgets of fewer longest sequences
+        seq = recipe.data.max_prompt_length + recipe.response_tokens
+        smaller = [k * seq for k in range(recipe.micro_rows - 1, 0, -1)]
+        if smaller:
+            out.append((4, {"train.max_tokens_per_micro_batch": smaller}, "a smaller token budget",
+                        "smaller passes; the update (train.batch_size) is unchanged"))
+    elif smaller:
         out.append((4, {"train.micro_batch_size": smaller}, "a smaller micro-batch", "smaller passes; the update (train.batch_size) is unchanged"))
     if world > 1 and recipe.actor.zero_stage < 3:
         out.append((5, _both(recipe, "zero_stage", recipe.actor.zero_stage + 1),
@@ -137,14 +148,15 @@ def propose(recipe, plan, hw, estimate: Callable) -> list:
         return Proposal(changes, why, p.peak, p.headroom, dict(p.phases), p.peak <= (1 - MARGIN) * p.capacity)
 
     def resolve(changes: dict, why: str, base: Optional[dict] = None) -> Proposal:
-        """A micro-batch candidate lists sizes: take the largest that fits (else the smallest)."""
+        """A micro-batch candidate lists sizes (rows or token budgets): take the largest that fits
+        (else the smallest)."""
         base = dict(base or {})
-        sizes = changes.get("train.micro_batch_size")
-        if not isinstance(sizes, list):
+        key = next((k for k, v in changes.items() if isinstance(v, list)), None)
+        if key is None:
             return check({**base, **changes}, why)
         last = None
-        for s in sizes:
-            last = check({**base, "train.micro_batch_size": s}, why)
+        for s in changes[key]:
+            last = check({**base, key: s}, why)
             if last.fits:
                 break
         return last

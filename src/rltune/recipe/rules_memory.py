@@ -1,4 +1,5 @@
-"""Lint rule `memory-budget`: the plan (rltune.plan) against the hardware, when the hardware is
+"""Lint rules about memory. `micro-batch-tokens`: a token budget per micro-batch under the longest
+sequence. `memory-budget`: the plan (rltune.plan) against the hardware, when the hardware is
 known: `validate --gpus N --gpu-mem SIZE`, the recipe's `hardware` section (hardware presets set
 it), or trainer.device cuda on a machine with a GPU. With no hardware known it says nothing.
 A model whose config.json is there but unusable (plan.ConfigError: not a regular file, too large,
@@ -17,6 +18,21 @@ from rltune.recipe.rules_base import RULES, Ctx, Hit, rule
 from rltune.recipe.schema import Recipe
 
 TIGHT = 0.05     # headroom below this share of the card: a warning (allocator fragmentation, CUDA graphs)
+
+
+@rule("micro-batch-tokens", "warning",
+      "train.max_tokens_per_micro_batch < data.max_prompt_length + the response tokens (the longest sequence)",
+      "a sequence cannot be split across micro-batches: each one longer than the budget goes alone in a micro-batch "
+      "over it, so the budget does not bound the passes' memory (`rltune plan` and the dry run size them at the "
+      "longest sequence)")
+def micro_batch_tokens(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    budget, seq = r.train.max_tokens_per_micro_batch, r.data.max_prompt_length + r.response_tokens
+    if budget is not None and budget < seq:
+        yield Hit("train.max_tokens_per_micro_batch",
+                  f"train.max_tokens_per_micro_batch {budget} is below the longest sequence, data.max_prompt_length "
+                  f"{r.data.max_prompt_length} + {r.response_label} = {seq} tokens: {RULES['micro-batch-tokens'].why}",
+                  f"set train.max_tokens_per_micro_batch: {seq} (one longest sequence; a multiple of it packs more), "
+                  "or lower data.max_prompt_length / the response length")
 
 
 def _hardware(r: Recipe, ctx: Ctx):
@@ -76,5 +92,5 @@ def memory_budget(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
         yield Hit("model.policy", f"the plan's peak per device is {fmt_bytes(plan.peak)} in the {plan.peak_phase} "
                                   f"phase, within {fmt_bytes(plan.headroom)} of the {fmt_bytes(plan.capacity)} card "
                                   f"({where}): allocator fragmentation can tip it over",
-                  "leave 5% or more free: e.g. set actor.gradient_checkpointing: true or a smaller "
+                  "leave 5% or more free: e.g. set actor.gradient_checkpointing: selective or a smaller "
                   "train.micro_batch_size (rltune plan shows the budget)", severity="warning")

@@ -156,9 +156,24 @@ class OptimCfg(Section):
     eps: float = F(1e-8, "AdamW epsilon.", gt=0, le=1e-2)
     grad_clip: Optional[float] = F(1.0, "Max global gradient norm; None = no clipping.", gt=0, le=1e6)
     zero_stage: int = F(0, "DeepSpeed ZeRO stage (0-3).", ge=0, le=3)
-    gradient_checkpointing: bool = F(False, "Recompute activations in training passes (never during generation).")
+    gradient_checkpointing: Literal[False, "full", "selective"] = F(
+        False, "Recompute activations in training passes (never during generation): false = keep them (fastest); "
+        "full = recompute every decoder layer in backward (Hugging Face's checkpointing; the shared-prompt passes are "
+        "off); selective = recompute every decoder layer too, with each group's prompt computed once and its "
+        "keys/values kept (the shared-prompt passes stay on; full where they do not apply). true = full. "
+        "docs/memory.md.")
     offload_optimizer: bool = F(False, "ZeRO optimizer-state offload to CPU (GPU runs; needs the cpu_adam op).")
     device_mesh: Optional[list[int]] = F(None, "Device ids (ranks) this role runs on; None = all.")
+
+    @field_validator("gradient_checkpointing", mode="before")
+    @classmethod
+    def _checkpointing_words(cls, v):
+        # YAML's true/false are booleans; the recipe may also write the words
+        if v is True or (isinstance(v, str) and v.lower() in ("true", "on")):
+            return "full"
+        if isinstance(v, str) and v.lower() in ("false", "off", "none"):
+            return False
+        return v
 
     @field_validator("betas", mode="before")
     @classmethod
@@ -231,10 +246,11 @@ class RolloutCfg(Section):
 
 class TrainCfg(Section):
     batch_size: int = F(32, "Sequences per optimizer update (via accumulation over micro batches).", ge=1, le=10_000_000)
-    micro_batch_size: int = F(4, "Sequences per forward/backward pass, per rank (accumulated up to train.batch_size / world size).", ge=1, le=1_000_000)
+    micro_batch_size: int = F(4, "Sequences per forward/backward pass, per rank (accumulated up to train.batch_size / world size); not used to cut when train.max_tokens_per_micro_batch is set.", ge=1, le=1_000_000)
+    max_tokens_per_micro_batch: Optional[int] = F(None, "Cut micro-batches by tokens instead of rows (verl's ppo_max_token_len_per_gpu), per rank, in the updates and the reference, behaviour and value passes: length-sorted sequences are packed greedily so that rows x (longest prompt + longest response) stays within this many tokens; a group stays whole where it fits, a longer sequence goes alone. Exact (each micro-batch is weighted by its share); for long-tail response lengths. None = train.micro_batch_size rows per micro-batch.", ge=1, le=100_000_000)
     ppo_epochs: int = F(1, "Passes over each step's experience.", ge=1, le=100)
     updates_per_step: int = F(1, "Optimizer updates per epoch: a step gathers this many train.batch_size batches (PPO mini-batches).", ge=1, le=1000)
-    share_prompts: bool = F(True, "Compute each prompt once per group in the reference, behaviour, value and training passes (its keys/values shared by the group's responses; exact). Off, or where the model does not support it (gradient checkpointing, caches we cannot vouch for), every sequence is computed whole.")
+    share_prompts: bool = F(True, "Compute each prompt once per group in the reference, behaviour, value and training passes (its keys/values shared by the group's responses; exact). Off, or where the model does not support it (full gradient checkpointing, caches we cannot vouch for), every sequence is computed whole.")
 
 
 class TrainerCfg(Section):
@@ -380,8 +396,19 @@ class Recipe(Section):
         return max(1, self.rollout.batch_size // self.algorithm.group_size)
 
     @property
+    def micro_rows(self) -> int:
+        """Sequences in one micro-batch at the longest (data.max_prompt_length + response_tokens):
+        train.micro_batch_size, or as many as train.max_tokens_per_micro_batch holds (one at least:
+        a longer sequence goes alone)."""
+        budget = self.train.max_tokens_per_micro_batch
+        if budget is None:
+            return self.train.micro_batch_size
+        return max(1, budget // (self.data.max_prompt_length + self.response_tokens))
+
+    @property
     def micro_steps_per_update(self) -> int:
-        return max(1, self.train.batch_size // self.train.micro_batch_size)
+        """Micro-batches per update (at the longest sequences with train.max_tokens_per_micro_batch)."""
+        return max(1, self.train.batch_size // self.micro_rows)
 
 
 def batch_plan(r: Recipe) -> dict:

@@ -1,6 +1,6 @@
 """How a step's experience is cut into updates and micro-batches.
 
-Three rules, none of which changes what is learned (each micro-batch loss is weighted by its
+Four rules, none of which changes what is learned (each micro-batch loss is weighted by its
 share of the update, so order and grouping are irrelevant up to float rounding):
 
 1. Groups stay together. The step is prompt-major: rows g*n .. g*n+n-1 are the n samples of
@@ -12,6 +12,12 @@ share of the update, so order and grouping are irrelevant up to float rounding):
 3. No column of padding is computed. Each micro-batch drops the prompt columns that are
    padding in all of its rows and the response columns past all of its rows' last token
    (`Experience.trimmed`).
+4. Micro-batches hold `train.micro_batch_size` rows, or, with `train.max_tokens_per_micro_batch`,
+   as many rows as a token budget holds (`pack`): in the length order of rule 2, greedily, so
+   that rows x (longest prompt + longest response), what the micro-batch's forward computes,
+   stays within the budget. A group stays whole where it fits the budget; a row longer than the
+   budget goes alone. The ranks then run as many micro-batches each (`even_out`): ZeRO's
+   collectives run in every forward and backward.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..rollout.experience import Experience
+from .collective import global_max
 
 
 def group_rows(size: int, group: int) -> int:
@@ -35,32 +42,94 @@ def _length_order(exp: Experience, rows: torch.Tensor, unit: int) -> torch.Tenso
     return rows.view(-1, unit)[order.to(rows.device)].reshape(-1)
 
 
-def cut(exp: Experience, rows: torch.Tensor, micro: int, unit: int) -> list[Experience]:
-    """Micro-batches of `micro` rows out of `rows`, sorted by length and trimmed."""
+def widths(exp: Experience, rows: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Per row of `rows`, the prompt and response columns `Experience.trimmed` keeps for it: from
+    its first prompt token to the prompt's end (prompts are left-padded) and up to its last
+    response token."""
+    pm, rm = exp.prompt_mask[rows].bool(), exp.response_mask[rows].bool()             # (k, P), (k, T)
+    prompt = pm.shape[1] - pm.int().argmax(-1)                                         # (k,)
+    response = rm.shape[1] - rm.flip(-1).int().argmax(-1)                              # (k,)
+    both = torch.stack([prompt * pm.any(-1), response * rm.any(-1)]).tolist()          # (2, k), one sync
+    return both[0], both[1]
+
+
+def pack(prompt: list[int], response: list[int], unit: int, budget: int) -> list[int]:
+    """Cut points of rows (in order; row i has `prompt[i]` prompt and `response[i]` response
+    columns) packed greedily into micro-batches of at most `budget` padded tokens, rows x (longest
+    prompt + longest response): [0, c1, ..., n], micro-batch j = rows cuts[j]:cuts[j+1]. Units of
+    `unit` consecutive rows (groups) join whole when they fit the budget, else row by row; a row
+    longer than the budget goes alone."""
+    n = len(prompt)
+    cuts = [0]
+    p = t = 0                               # longest prompt and response of the open micro-batch
+
+    def join(lo: int, hi: int) -> None:
+        """Rows lo:hi join the open micro-batch, or open the next one when they would overflow it."""
+        nonlocal p, t
+        lp, lt = max(prompt[lo:hi]), max(response[lo:hi])
+        if lo > cuts[-1] and (hi - cuts[-1]) * (max(p, lp) + max(t, lt)) > budget:
+            cuts.append(lo)
+            p = t = 0
+        p, t = max(p, lp), max(t, lt)
+
+    for u in range(0, n, unit):
+        end = min(u + unit, n)
+        if (end - u) * (max(prompt[u:end]) + max(response[u:end])) <= budget:
+            join(u, end)                    # the group fits a micro-batch: it stays whole
+        else:
+            for i in range(u, end):         # it does not: row by row
+                join(i, i + 1)
+    return cuts + [n] if n else cuts
+
+
+def even_out(cuts: list[int], count: int) -> list[int]:
+    """`cuts` with micro-batches split until there are `count` (down to one row each): the one of
+    most rows, in halves."""
+    cuts = list(cuts)
+    while len(cuts) - 1 < count:
+        sizes = [b - a for a, b in zip(cuts, cuts[1:])]
+        j = max(range(len(sizes)), key=sizes.__getitem__)
+        if sizes[j] < 2:
+            break
+        cuts.insert(j + 1, cuts[j] + sizes[j] // 2)
+    return cuts
+
+
+def cut(exp: Experience, rows: torch.Tensor, micro: int, unit: int,
+        max_tokens: int | None = None) -> list[Experience]:
+    """Micro-batches out of `rows`, sorted by length and trimmed: of `micro` rows, or packed
+    into `max_tokens` padded tokens (`pack`) and as many on every rank (`even_out`)."""
     rows = _length_order(exp, rows, unit)
-    return [exp.select(rows[m:m + micro]).trimmed() for m in range(0, rows.numel(), micro)]
+    n = rows.numel()
+    if max_tokens is None:
+        cuts = list(range(0, n, micro)) + [n]
+    else:
+        cuts = pack(*widths(exp, rows), unit, max_tokens)
+        cuts = even_out(cuts, int(global_max([float(len(cuts) - 1)])[0]))
+    return [exp.select(rows[a:b]).trimmed() for a, b in zip(cuts, cuts[1:])]
 
 
 def micro_batches(exp: Experience, micro: int, update_size: int, gen: torch.Generator,
-                  group: int = 1) -> list[list[Experience]]:
+                  group: int = 1, max_tokens: int | None = None) -> list[list[Experience]]:
     """Shuffle the step's experience by whole groups, cut it into updates of `update_size`
-    sequences, each a list of length-sorted, trimmed micro-batches of `micro` sequences."""
+    sequences, each a list of length-sorted, trimmed micro-batches of `micro` sequences (or of
+    at most `max_tokens` padded tokens)."""
     unit = group_rows(exp.size, group)
     if update_size % unit:
         unit = 1
     order = torch.randperm(exp.size // unit, generator=gen)                           # (groups,)
     rows = (order[:, None] * unit + torch.arange(unit)[None, :]).reshape(-1)           # (B,)
     rows = rows.to(exp.response_ids.device)
-    return [cut(exp, rows[u:u + update_size], micro, unit) for u in range(0, exp.size, update_size)]
+    return [cut(exp, rows[u:u + update_size], micro, unit, max_tokens) for u in range(0, exp.size, update_size)]
 
 
-def passes(exp: Experience, micro: int, group: int = 1) -> list[Experience]:
+def passes(exp: Experience, micro: int, group: int = 1, max_tokens: int | None = None) -> list[Experience]:
     """The whole experience as length-sorted, trimmed micro-batches (no shuffle): for the
     no-grad passes (reference, behaviour, values), whose outputs go back by `mb.index`."""
     if exp.index is None:
         exp.index = torch.arange(exp.size, device=exp.response_ids.device)
     unit = group_rows(exp.size, group)
-    return cut(exp, torch.arange(exp.size, device=exp.response_ids.device), micro, unit)
+    return cut(exp, torch.arange(exp.size, device=exp.response_ids.device), micro, unit, max_tokens)
 
 
 def scatter(parts: list[tuple[Experience, torch.Tensor]], like: torch.Tensor) -> torch.Tensor:

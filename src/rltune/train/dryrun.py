@@ -7,7 +7,9 @@ code runs: the memory-relevant sizes stay as the recipe has them (rollout.batch_
 per generation call, train.micro_batch_size sequences per forward/backward pass, the engines, ZeRO
 stage, precision), only the amount of work shrinks to two steps with one optimizer update each, of
 the fewest whole generation calls that fill one micro-batch per rank (train.batch_size =
-lcm(rollout.batch_size, micro_batch_size x world), ppo_epochs 1, updates_per_step 1). What the
+lcm(rollout.batch_size, micro_batch_size x world), ppo_epochs 1, updates_per_step 1; with
+train.max_tokens_per_micro_batch, micro-batches of the rows the budget holds at the longest sequence,
+`Recipe.micro_rows`). What the
 real peak needs and a single short step would miss:
   - the longest sequences: every generation call takes the data's longest prompts (ranked by
     characters, the longest candidates tokenized as the run encodes them), and no response ends
@@ -30,6 +32,16 @@ Memory per phase, on one device (the largest over ranks):
   the numbers are the cumulative peak since the process started, and the report says so. The
   plan's CPU runtime constant (the imports' resident memory on the reference machine) is replaced
   by this process's resident memory before the engines are built, and the report says by how much.
+
+Memory per pass, under each phase (`Meter.region`): the loop wraps each pass in `region(name)`, named
+as the plan groups its items ("generation", "reward pass", "reference pass", "behaviour pass", "value
+pass", "actor pass", "actor step", "critic pass", "critic step"); a no-op outside a dry run. A pass's
+figure is its peak above the memory in use as it began (CUDA: max_memory_allocated reset at its start
+minus memory_allocated then; CPU: VmHWM reset minus VmRSS then); the phase's peak read before the
+reset is kept, so the phase figures are unchanged. The larger of the two steps, but an optimizer step's
+from the second (the first creates the optimizer state, resident in the plan). Beside it the plan's
+items of that group (`plan_groups`; a forward + backward pass also its role's gradients). A pass the
+plan counts that did not run, or any pass where VmHWM cannot be reset: no figure, and why.
 """
 
 from __future__ import annotations
@@ -59,15 +71,19 @@ WHAT = {"setup": "engines built",
 def reduced(recipe: Recipe, world: int) -> Recipe:
     """The recipe for one dry-run step: same engines and per-pass sizes, the least work."""
     r = recipe
-    per_update = math.lcm(r.rollout.batch_size, r.train.micro_batch_size * world)
+    # train.micro_batch_size rows, or one micro-batch the size of train.max_tokens_per_micro_batch at
+    # the longest sequence: max(1, budget // (data.max_prompt_length + response tokens)) rows
+    rows = r.micro_rows
+    per_update = math.lcm(r.rollout.batch_size, rows * world)
     return r.model_copy(update={
-        "train": r.train.model_copy(update={"batch_size": per_update, "updates_per_step": 1, "ppo_epochs": 1}),
+        "train": r.train.model_copy(update={"batch_size": per_update, "micro_batch_size": rows,
+                                            "updates_per_step": 1, "ppo_epochs": 1}),
         "trainer": r.trainer.model_copy(update={"max_steps": STEPS, "save_every": 0, "eval_every": 0}),
     })
 
 
 class Meter:
-    """Peak memory since the last mark, per phase (bytes)."""
+    """Peak memory since the last mark, per phase (bytes), and per pass within a phase (`region`)."""
 
     def __init__(self, device: str):
         self.cuda = device.startswith("cuda")
@@ -75,6 +91,9 @@ class Meter:
         self.cumulative = False   # CPU only: VmHWM could not be reset
         self.peaks: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
+        self.groups: dict[str, dict] = {}   # pass -> its phase and each run's figures (`region`)
+        self._highs = [0]         # the running peaks of the phase and the open regions, read before a reset
+        self._ran: list[str] = []    # the passes run in the current phase
         self._t = time.perf_counter()
 
     @property
@@ -86,30 +105,78 @@ class Meter:
         return "peak RSS (VmHWM), reset at each phase"
 
     def begin(self) -> None:
+        self._reset()
+        self._highs, self._ran = [0], []
+        self._t = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """`phase` just ended: record its peak and time, start the next one."""
+        peak = max(self._highs[0], self._peak())
+        self.peaks[phase] = max(self.peaks.get(phase, 0), int(peak))     # the larger over the steps
+        self.seconds[phase] = max(self.seconds.get(phase, 0.0), time.perf_counter() - self._t)
+        for name in self._ran:
+            self.groups[name]["phase"] = phase
+        self.begin()
+
+    @contextlib.contextmanager
+    def region(self, name: str):
+        """A pass inside the current phase, named as the plan groups its items. Each run records its
+        peak above the memory in use as it began (its working memory; None where the counter cannot
+        be reset), its absolute peak, and what it still held as it ended. The counter is reset for
+        the pass; what it read until then is kept for the phase (and any enclosing pass), so the
+        phase's figure stays whole."""
+        self._fold(self._peak())
+        start = self._in_use()
+        measurable = self._reset() and start is not None
+        self._highs.append(0)
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            peak = self._peak()
+            end = self._in_use()
+            self._fold(peak)
+            peak = self._highs.pop()
+            g = self.groups.setdefault(name, {"phase": None, "runs": []})
+            g["runs"].append({"above": max(0, peak - start) if measurable else None, "peak": peak,
+                              "held": end - start if measurable and end is not None else None,
+                              "seconds": time.perf_counter() - t})
+            if name not in self._ran:
+                self._ran.append(name)
+
+    def _fold(self, peak: int) -> None:
+        self._highs = [max(h, int(peak)) for h in self._highs]
+
+    def _reset(self) -> bool:
+        """Start the peak counter afresh; False where it cannot be (CPU: clear_refs refused)."""
         if self.cuda:
             import torch
 
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-        elif not self.cumulative:
+            return True
+        if not self.cumulative:
             try:
                 Path("/proc/self/clear_refs").write_text("5")   # resets VmHWM to the current RSS
             except OSError:
                 self.cumulative = True
-        self._t = time.perf_counter()
+        return not self.cumulative
 
-    def mark(self, phase: str) -> None:
-        """`phase` just ended: record its peak and time, start the next one."""
+    def _peak(self) -> int:
         if self.cuda:
             import torch
 
             torch.cuda.synchronize(self.device)
-            peak = torch.cuda.max_memory_allocated(self.device)
-        else:
-            peak = _vm_hwm()
-        self.peaks[phase] = max(self.peaks.get(phase, 0), int(peak))     # the larger over the steps
-        self.seconds[phase] = max(self.seconds.get(phase, 0.0), time.perf_counter() - self._t)
-        self.begin()
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return _vm_hwm()
+
+    def _in_use(self) -> int | None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+            return int(torch.cuda.memory_allocated(self.device))
+        return _vm_rss()
 
 
 def runtime_rss(recipe: Recipe) -> int | None:
@@ -177,19 +244,38 @@ class LongestPrompts:
 
 
 class FullLength:
-    """The rollout engine of a dry run: every response runs to rollout.max_new_tokens."""
+    """The rollout engine of a dry run: every response runs to rollout.max_new_tokens. The hf
+    engine's calls run in the meter's region "generation" (vLLM's run in its own processes)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, region=None):
+        from .update import no_region
+
         self._engine = engine
+        self._region = region if region is not None and engine.name == "hf" else no_region
 
     def generate(self, prompt_ids, sampling):
         import dataclasses
 
         full = dataclasses.replace(sampling, min_new_tokens=sampling.max_new_tokens, stop=())
-        return self._engine.generate(prompt_ids, full)
+        with self._region("generation"):
+            return self._engine.generate(prompt_ids, full)
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
+
+
+class InRegion:
+    """The reward model of a dry run: its calls run in the meter's region "reward pass"."""
+
+    def __init__(self, model, region):
+        self._model, self._region = model, region
+
+    def __call__(self, *args, **kwargs):
+        with self._region("reward pass"):
+            return self._model(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
 
 
 def _vm_hwm() -> int:
@@ -204,9 +290,10 @@ def _vm_hwm() -> int:
 
 
 def plan_phases(recipe: Recipe, dist, runtime_here: int | None = None
-                ) -> tuple[dict[str, int] | None, str | None, int | None]:
+                ) -> tuple[dict[str, int] | None, str | None, int | None, dict[str, dict]]:
     """`rltune plan`'s per-phase estimate on this run's hardware, or (None, why not). On CPU, with
-    `runtime_here`, the plan's runtime constant is replaced by it; the constant is returned too."""
+    `runtime_here`, the plan's runtime constant is replaced by it; the constant is returned too, and
+    the plan's passes (`plan_groups`)."""
     try:
         from ..plan import Hardware, estimate
 
@@ -217,10 +304,93 @@ def plan_phases(recipe: Recipe, dist, runtime_here: int | None = None
                           mem_bytes=torch.cuda.get_device_properties(dist.local_rank).total_memory)
         else:
             hw = Hardware(device="cpu")
-        phases, constant = comparable(estimate(recipe, hw), dist.device.startswith("cuda"), runtime_here)
-        return phases, None, constant
+        plan = estimate(recipe, hw)
+        phases, constant = comparable(plan, dist.device.startswith("cuda"), runtime_here)
+        return phases, None, constant, plan_groups(plan)
     except Exception as err:  # noqa: BLE001 - the measurement stands without the estimate
-        return None, f"no plan estimate: {type(err).__name__}: {err}", None
+        return None, f"no plan estimate: {type(err).__name__}: {err}", None, {}
+
+
+def plan_groups(plan) -> dict[str, dict]:
+    """The plan's passes as the dry run measures them: per item group ("actor pass", "reference
+    pass", ...) the sum of its items, their names and the phases they count in. A training pass
+    ("actor pass", "critic pass") also counts its role's gradients, which the plan lists apart
+    (group-less, in the update phase): DeepSpeed drops them at every optimizer step (engine.zero_grad
+    sets them to None), so each pass's backward allocates them again, above what was in use as it
+    began."""
+    out: dict[str, dict] = {}
+    grads = [it for it in plan.items if not it.group and it.name in ("actor gradients", "critic gradients")]
+    for it in [it for it in plan.items if it.group] + grads:
+        group = it.group or it.name.replace(" gradients", " pass")
+        g = out.setdefault(group, {"plan": 0, "items": [], "phases": list(it.phases)})
+        g["plan"] += it.bytes
+        g["items"].append(it.name)
+    return out
+
+
+# what each measured pass is in the loop (the `region` names, the plan's item groups)
+PASSES = {"generation": "step 1: the hf engine's generate calls",
+          "reward pass": "step 2: the reward model's scoring",
+          "reference pass": "step 3: reference log-probs",
+          "behaviour pass": "step 4: the actor's log-probs before the update",
+          "value pass": "step 5: the critic's values",
+          "actor pass": "step 8: the actor's forward + backward over its micro-batches",
+          "actor step": "step 8: the actor's optimizer step",
+          "critic pass": "step 8: the critic's forward + backward over its micro-batches",
+          "critic step": "step 8: the critic's optimizer step"}
+
+
+def pass_figures(meter: Meter) -> dict[str, dict]:
+    """Each measured pass: its phase, and its peak above the memory in use as it began, the larger
+    over its runs like the phases' figures, but an optimizer step ("actor step") from its runs after
+    the first: the first creates the optimizer state (Adam's moments), which the plan counts as
+    resident in every phase, not as the step's. None where the counter could not be reset. The
+    absolute peak, what it still held as it ended and its time: over ranks, the largest; `runs`:
+    this rank's figure of each run."""
+    from .collective import global_max
+
+    names = list(meter.groups)
+    rows, flat = {}, []
+    for name in names:
+        g = meter.groups[name]
+        runs = g["runs"][1:] if name.endswith(" step") and len(g["runs"]) > 1 else g["runs"]
+        best = max(runs, key=lambda r: -1 if r["above"] is None else r["above"])
+        rows[name] = {"phase": g["phase"], "runs": [r["above"] for r in g["runs"]]}
+        flat += [best["above"], max(r["peak"] for r in g["runs"]), best["held"],
+                 max(r["seconds"] for r in g["runs"])]
+    flat = global_max([-math.inf if x is None else float(x) for x in flat])   # every rank ran the same passes
+    known = (lambda x: None if x == -math.inf else int(x))   # noqa: E731
+    for i, name in enumerate(names):
+        measured, peak, held, seconds = flat[4 * i:4 * i + 4]
+        rows[name].update(measured=known(measured), peak=known(peak), held=known(held), seconds=round(seconds, 3))
+    return rows
+
+
+def group_rows(measured: dict[str, dict], planned: dict[str, dict], recipe: Recipe) -> dict[str, dict[str, dict]]:
+    """Per phase, its passes: the measured ones in the order they ran, then the plan's passes of
+    that phase that did not run in the dry run's steps (measured None and why)."""
+    out: dict[str, dict[str, dict]] = {p: {} for p in PHASES}
+    cant = ("VmHWM could not be reset (/proc/self/clear_refs refused): a pass's peak cannot be told "
+            "from the phase's")
+    for name, m in measured.items():
+        plan = planned.get(name)
+        out[m["phase"] or "sync"][name] = {
+            "measured": m["measured"], "plan": plan["plan"] if plan else None,
+            "plan_items": plan["items"] if plan else [], "plan_phases": plan["phases"] if plan else [],
+            "peak": m["peak"], "held": m["held"], "seconds": m["seconds"], "runs": m["runs"],
+            "what": PASSES.get(name, name), "why": cant if m["measured"] is None else None}
+    for name, plan in planned.items():
+        phase = next((p for p in plan["phases"] if p in PHASES), None)
+        if name in measured or phase is None:
+            continue
+        why = "it did not run in the dry run's steps"
+        if name == "behaviour pass":
+            why = (f"step 4 did not run: the dry run makes one optimizer update per step; the recipe's "
+                   f"{recipe.optimizer_updates_per_step} per step need it before the first")
+        out[phase][name] = {"measured": None, "plan": plan["plan"], "plan_items": plan["items"],
+                            "plan_phases": plan["phases"], "peak": None, "held": None, "seconds": None,
+                            "runs": [], "what": PASSES.get(name, name), "why": why}
+    return out
 
 
 def comparable(plan, cuda: bool, here: int | None) -> tuple[dict[str, int], int | None]:
@@ -287,11 +457,13 @@ def _dry_run(recipe: Recipe, recipe_path: Path, fmt: str, quiet: bool, dist) -> 
         meter.mark("setup")
         try:
             c.sampler = longest = LongestPrompts(c, c.sampler.batch_size)
-            c.rollout = FullLength(c.rollout)
+            c.rollout = FullLength(c.rollout, meter.region)
+            if getattr(c.rewards, "reward_model", None) is not None:
+                c.rewards.reward_model = InRegion(c.rewards.reward_model, meter.region)
             gen = torch.Generator().manual_seed((small.trainer.seed or 0) + 17)
             knobs = initial_knobs(c)
             for step in range(1, STEPS + 1):
-                m = train_step(c, step, knobs, gen, mark=meter.mark)
+                m = train_step(c, step, knobs, gen, mark=meter.mark, region=meter.region)
                 meter.mark("sync")
         finally:
             close = getattr(c.rollout, "close", None)
@@ -299,12 +471,14 @@ def _dry_run(recipe: Recipe, recipe_path: Path, fmt: str, quiet: bool, dist) -> 
                 close()
     peaks = dict(zip(PHASES, (int(x) for x in global_max([float(meter.peaks[p]) for p in PHASES]))))
     prompt_tokens = int(global_max([float(longest.prompt_tokens)])[0])
+    passes = pass_figures(meter)
     if not dist.is_main:
         return 0
     at_lengths = recipe.model_copy(update={"data": recipe.data.model_copy(
         update={"max_prompt_length": max(8, prompt_tokens)})})
-    plan, why, constant = plan_phases(at_lengths, dist, runtime_here)
-    limits, _, _ = plan_phases(recipe, dist, runtime_here)
+    plan, why, constant, planned = plan_phases(at_lengths, dist, runtime_here)
+    limits, _, _, _ = plan_phases(recipe, dist, runtime_here)
+    groups = group_rows(passes, planned, recipe)
     report = {
         "recipe": str(recipe_path),
         "device": dist.device.split(":")[0],
@@ -322,7 +496,8 @@ def _dry_run(recipe: Recipe, recipe_path: Path, fmt: str, quiet: bool, dist) -> 
         "plan_runtime": {"constant": constant, "here": runtime_here} if runtime_here is not None else None,
         "plan_at_limits": max(limits.values()) if limits else None,
         "phases": {p: {"measured": peaks[p], "plan": (plan or {}).get(p), "seconds": round(meter.seconds[p], 3),
-                       "what": WHAT[p] if p != "setup" else f"{WHAT[p]}: {', '.join(_roles(c))}"} for p in PHASES},
+                       "what": WHAT[p] if p != "setup" else f"{WHAT[p]}: {', '.join(_roles(c))}",
+                       "groups": groups[p]} for p in PHASES},
         "plan_error": why,
         "plan_leaves_out": (["vLLM's engine on CPU beyond its import (its workers and start-up allocations: "
                              "docs/plan.md)"] if c.rollout.name == "vllm" and not dist.device.startswith("cuda") else []),
@@ -362,20 +537,51 @@ def format_report(report: dict, output_dir: str) -> str:
     elif rt and rt["constant"]:
         lines.append(f"  (its CPU runtime constant {fmt_bytes(rt['constant'])} replaced by this process's "
                      f"{fmt_bytes(rt['here'])} resident before the engines were built)")
-    lines += ["", f"  {'phase':<11} {'measured':>10} {'plan':>10} {'measured/plan':>14} {'time':>8}  what"]
-    over = []
+    lines.append(f"under each phase, its passes (the plan's item groups): the peak above the memory in use as the "
+                 f"pass began, the larger of the {w['steps']} steps (an optimizer step: the second); plan: the "
+                 f"group's items (a forward + backward pass also its gradients, which its backward allocates)")
+    lines += ["", f"  {'phase / pass':<16} {'measured':>10} {'plan':>10} {'measured/plan':>14} {'time':>8}  what"]
+    over, over_pass, notes = [], [], []
     for name, p in report["phases"].items():
         est = p["plan"]
         ratio = f"{p['measured'] / est:.2f}" if est else "-"
         if est and p["measured"] > 1.15 * est:
             over.append(f"{name} {(p['measured'] / est - 1) * 100:.0f}%")
-        lines.append(f"  {name:<11} {fmt_bytes(p['measured']):>10} {fmt_bytes(est) if est else '-':>10} "
+        lines.append(f"  {name:<16} {fmt_bytes(p['measured']):>10} {fmt_bytes(est) if est else '-':>10} "
                      f"{ratio:>14} {p['seconds']:>7.1f}s  {p['what']}")
+        for g, q in p.get("groups", {}).items():
+            got, est = q["measured"], q["plan"]
+            ratio = f"{got / est:.2f}" if got is not None and est else "-"
+            if got is not None and est and got > 1.15 * est:
+                over_pass.append(f"{g} {(got / est - 1) * 100:.0f}%")
+            if got is None:
+                what = f"not measured: {q['why']}"
+            elif report["plan_error"]:
+                what = q["what"]
+            elif est is None:
+                what = f"{q['what']}: the plan has no item for it"
+            else:
+                what = " + ".join(q["plan_items"])
+            seconds = f"{q['seconds']:>7.1f}s" if q["seconds"] is not None else f"{'-':>8}"
+            lines.append(f"    {g:<14} {_size(got):>10} {_size(est):>10} {ratio:>14} {seconds}  {what}")
+            if got is not None and q["plan_phases"] and name not in q["plan_phases"]:
+                notes.append(f"{g} ran in the {name} phase ({q['what']}); the plan counts it in "
+                             f"{' and '.join(q['plan_phases'])}")
+            first = q["runs"][0] if q["runs"] else None
+            if g.endswith(" step") and got is not None and first is not None and first > got:
+                notes.append(f"{g}: {_size(first)} in the first step, which also created the optimizer state (the "
+                             f"plan's `{g[:-len(' step')]} optimizer state`, resident in every phase)")
     lines.append("")
     if report["plan_error"]:
         lines.append(report["plan_error"])
     if over:
         lines.append("the plan underestimates: " + ", ".join(over) + " above its estimate")
+    if over_pass:
+        lines.append("by pass: " + ", ".join(over_pass) + " above the plan's items")
+    lines += notes
+    if report["device"] == "cpu" and any(p.get("groups") for p in report["phases"].values()):
+        lines.append("on CPU a pass's figure is the resident memory it added: memory an earlier pass freed and the "
+                     "allocator kept serves it again without raising RSS")
     for what in report.get("plan_leaves_out") or []:
         lines.append(f"the plan leaves out {what}")
     peak = max(p["measured"] for p in report["phases"].values())
@@ -387,4 +593,17 @@ def format_report(report: dict, output_dir: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["dry_run", "check_configs", "reduced", "Meter", "PHASES"]
+def _size(n: int | None) -> str:
+    """A pass's bytes: KiB below 1 MiB, a tenth of a MiB below 10 MiB (passes of small models)."""
+    from ..plan.budget import fmt_bytes
+
+    if n is None:
+        return "-"
+    if n < 1 << 20:
+        return f"{n / 1024:.0f} KiB"
+    if n < 10 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    return fmt_bytes(n)
+
+
+__all__ = ["dry_run", "check_configs", "reduced", "Meter", "PHASES", "plan_groups", "pass_figures"]

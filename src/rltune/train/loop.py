@@ -59,6 +59,7 @@ from .update import (
     forward_values,
     make_actor_loss,
     make_critic_loss,
+    no_region,
     run_update,
     use_shared_prompts,
 )
@@ -103,11 +104,12 @@ def compute_advantages(c: Components, exp: Experience, kl_coef: float) -> None:
 
 
 def micro_batches(exp: Experience, micro: int, update_size: int, gen: torch.Generator,
-                  group: int = 1) -> list[list[Experience]]:
+                  group: int = 1, max_tokens: int | None = None) -> list[list[Experience]]:
     """Shuffle the step's experience by whole groups, cut it into updates of `update_size`
-    sequences, each a list of length-sorted, trimmed micro-batches of `micro` sequences
-    (`batching`: exact, the accumulation weights make order and grouping irrelevant)."""
-    return batching.micro_batches(exp, micro, update_size, gen, group)
+    sequences, each a list of length-sorted, trimmed micro-batches of `micro` sequences or of at
+    most `max_tokens` padded tokens (`batching`: exact, the accumulation weights make order and
+    grouping irrelevant)."""
+    return batching.micro_batches(exp, micro, update_size, gen, group, max_tokens)
 
 
 @dataclass
@@ -115,36 +117,43 @@ class Learned:
     """What steps 3-8 produce besides the filled-in experience."""
     actor: list = field(default_factory=list)     # UpdateResult per actor update
     critic: list = field(default_factory=list)    # UpdateResult per critic update
-    timings: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)   # timing/* and batch/micro_batches: step metrics
 
 
-def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator, mark=None) -> Learned:
+def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator, mark=None,
+          region=no_region) -> Learned:
     """Steps 3-8 on one step's scored experience (on the training device). `mark(phase)`, when
-    given, is called as steps 3-7 ("experience") and step 8 ("update") end (`train --dry-run`)."""
+    given, is called as steps 3-7 ("experience") and step 8 ("update") end; `region(name)` is a
+    context around each pass, named as `rltune plan` groups its items ("reference pass", "actor
+    step", ...) (both for `train --dry-run`)."""
     r = c.recipe
     micro, temp, n = r.train.micro_batch_size, r.logprob_temperature, r.algorithm.group_size
+    budget = r.train.max_tokens_per_micro_batch          # None: micro-batches of `micro` rows
     out = Learned()
     exp.index = torch.arange(exp.size, device=exp.response_ids.device)
 
     # 3. reference log-probs
     t0 = time.perf_counter()
     if c.reference is not None:
-        exp.ref_logp = forward_logp(c.reference.module, exp, temp, micro, n,
-                                    use_shared_prompts(r, c.reference))                # (B, T)
+        with region("reference pass"):
+            exp.ref_logp = forward_logp(c.reference.module, exp, temp, micro, n,
+                                        use_shared_prompts(r, c.reference), budget)    # (B, T)
     out.timings["timing/reference_s"] = time.perf_counter() - t0
 
     # 4. behaviour log-probs (an extra forward only when needed before the first update)
     t0 = time.perf_counter()
     if needs_behavior_forward(r, exp.ref_logp is not None):
         c.actor.eval()
-        exp.behavior_logp = forward_logp(c.actor.module, exp, temp, micro, n,
-                                         use_shared_prompts(r, c.actor))               # (B, T)
+        with region("behaviour pass"):
+            exp.behavior_logp = forward_logp(c.actor.module, exp, temp, micro, n,
+                                             use_shared_prompts(r, c.actor), budget)   # (B, T)
 
     # 5. values
     if c.critic is not None:
         c.critic.eval()
-        exp.old_values = forward_values(c.critic.module, exp, micro, n,
-                                        use_shared_prompts(r, c.critic))               # (B, T)
+        with region("value pass"):
+            exp.old_values = forward_values(c.critic.module, exp, micro, n,
+                                            use_shared_prompts(r, c.critic), budget)   # (B, T)
     out.timings["timing/old_s"] = time.perf_counter() - t0
 
     # 6-7. KL and advantages
@@ -158,14 +167,17 @@ def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator, ma
     actor_loss = make_actor_loss(c.actor, r, knobs, c.correction, behavior_sink=sink)
     critic_loss = make_critic_loss(c.critic, r) if c.critic is not None else None
     update_size = max(1, r.train.batch_size // c.dist.world_size)
+    counts = []                                           # micro-batches per update, on this rank
     for _epoch in range(r.train.ppo_epochs):
-        for mbs in micro_batches(exp, micro, update_size, gen, n):
-            out.actor.append(run_update(c.actor, mbs, actor_loss, r.algorithm.loss_agg))
+        for mbs in micro_batches(exp, micro, update_size, gen, n, budget):
+            counts.append(len(mbs))
+            out.actor.append(run_update(c.actor, mbs, actor_loss, r.algorithm.loss_agg, region, "actor"))
             if critic_loss is not None:
-                out.critic.append(run_update(c.critic, mbs, critic_loss, r.algorithm.loss_agg))
+                out.critic.append(run_update(c.critic, mbs, critic_loss, r.algorithm.loss_agg, region, "critic"))
     if sink is not None:  # pi_behaviour as the single update's forward saw it
         exp.behavior_logp = sink
     out.timings["timing/train_s"] = time.perf_counter() - t0
+    out.timings["batch/micro_batches"] = sum(counts) / max(1, len(counts))
     if mark is not None:
         mark("update")
     return out
@@ -198,9 +210,11 @@ def policy_metrics(c: Components, exp: Experience) -> dict:
     return m
 
 
-def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, mark=None) -> dict:
+def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, mark=None,
+               region=no_region) -> dict:
     """One RL step; returns its metrics. `mark(phase)`, when given, is called as each phase ends:
-    "rollout" (steps 1-2), "experience" (3-7), "update" (8) (`train --dry-run` measures memory)."""
+    "rollout" (steps 1-2), "experience" (3-7), "update" (8); `region(name)` wraps the passes of
+    steps 3-8 (`learn`) (`train --dry-run` measures memory)."""
     r = c.recipe
     t_start = time.perf_counter()
     timings = {}
@@ -222,7 +236,7 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, mar
     exp = b.exp.to(c.dist.device)  # the rollout hands back CPU tensors; the models may be on a GPU
 
     # 3-8. reference, behaviour, values, KL, advantages, updates
-    learned = learn(c, exp, knobs, gen, mark)
+    learned = learn(c, exp, knobs, gen, mark, region)
     timings.update(learned.timings)
 
     # 9. weight sync actor -> rollout engine; the KL controller (adaptive with algorithm.kl.target)

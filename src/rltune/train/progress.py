@@ -209,6 +209,13 @@ def startup_lines(c, run_dir: Path, resumed_step: int | None) -> list[str]:
         reason = shared_prompt_reason(c.actor) if r.train.share_prompts else "train.share_prompts is false"
         lines.append("shared-prompt passes: " + ("on (each prompt computed once per group)" if reason is None
                                                   else f"off ({reason})"))
+    if r.actor.gradient_checkpointing:
+        from ..models.checkpointing import checkpointing_mode
+
+        mode = checkpointing_mode(c.actor)
+        lines.append(f"actor gradient checkpointing: {mode or 'off'}"
+                     + (f" (asked: {r.actor.gradient_checkpointing}; the model's layers do not support it)"
+                        if mode != r.actor.gradient_checkpointing else ""))
     return lines
 
 

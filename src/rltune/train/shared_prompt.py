@@ -15,14 +15,24 @@ add 0 to the position count. In backward, the indexing sums the gradients of eve
 group into its prompt's keys/values, which is what the unshared pass computes row by row.
 Results therefore match the unshared pass up to float rounding (different kernel shapes).
 
+The prompt pass writes its keys/values once (`PromptCache`); the response pass reads them
+through `PrefixCache`, which expands them to the b rows inside each layer and never appends to
+them. So under selective checkpointing (`models/checkpointing.py`) a layer recomputed in backward,
+in either pass, sees the same prompt keys/values, and the expansion is recomputed instead of kept.
+
 It relies on HF's DynamicCache (transformers 5.x) holding every layer's keys/values, so
 `shared_prompt_reason` allows only model types and settings that were checked.
 """
 
 from __future__ import annotations
 
-import torch
+import contextlib
 
+import torch
+from transformers import DynamicCache
+
+from ..algo.logits import token_logprobs_entropy
+from ..models.checkpointing import checkpointing_mode
 from ..rollout.experience import Experience
 
 # decoder-only, full causal attention, DynamicCache: checked against the unshared passes
@@ -48,9 +58,9 @@ def shared_prompt_reason(model) -> str | None:
     model_type = getattr(config, "model_type", None)
     if model_type not in VERIFIED_MODEL_TYPES:
         return f"model type {model_type!r} not verified for shared-prompt passes ({', '.join(VERIFIED_MODEL_TYPES)})"
-    if getattr(m, "is_gradient_checkpointing", False):
+    if checkpointing_mode(m) == "full":
         # HF's checkpointed layers drop past_key_values in training: the cache would stay empty
-        return "gradient checkpointing is on (Hugging Face disables the KV cache under it)"
+        return "gradient_checkpointing is full (Hugging Face drops the KV cache under it; selective keeps it)"
     if getattr(config, "sliding_window", None) is not None:
         return f"sliding-window attention (sliding_window={config.sliding_window})"
     layer_types = getattr(config, "layer_types", None) or []
@@ -120,13 +130,67 @@ def _inputs(mb: Experience):
             resp_ids, attention[:, : P + T - 1], position[:, P: P + T - 1])
 
 
-def _expand_cache(cache, inverse: torch.Tensor, prompt_len: int):
-    """The prompt cache (u rows) indexed to the micro-batch's b rows, in place; autograd kept."""
+def _prefix_cache(cache, inverse: torch.Tensor, prompt_len: int):
+    """The prompt pass's cache as the response pass reads it (`PrefixCache`)."""
     if cache is None or cache.get_seq_length() != prompt_len:
-        # e.g. gradient checkpointing in training: HF returns an empty cache instead of failing
+        # e.g. full gradient checkpointing in training: HF returns an empty cache instead of failing
         raise RuntimeError("the prompt pass returned no KV cache; see shared_prompt_reason")
-    cache.batch_select_indices(inverse)   # every layer: keys/values (u, H, P', D) -> (b, H, P', D)
-    return cache
+    return PrefixCache(cache, inverse)
+
+
+class PromptCache(DynamicCache):
+    """The prompt pass's cache: each layer's keys/values are stored the first time the layer runs.
+    A second call for a layer is that layer recomputed in backward (selective checkpointing):
+    it gets its own recomputed keys/values back and the cache keeps the first ones, which the
+    response pass read (and which carry the graph the gradients flow through)."""
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if layer_idx < len(self.layers) and self.layers[layer_idx].is_initialized:
+            return key_states, value_states                # a recompute: the prompt has no past
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+class PrefixCache(DynamicCache):
+    """The u distinct prompts' keys/values, read by the b response rows and never appended to.
+
+    `update(keys, values, layer)` returns the prompt's keys/values for each row
+    (u, H, P', D) -> (b, H, P', D), by `inverse`, followed by the response's own (b, H, T', D),
+    and stores nothing. So a layer can run twice (recomputed in backward) and see the same
+    keys/values. The indexing is an autograd op: the rows of a group add their gradients into
+    their prompt's keys/values."""
+
+    def __init__(self, prompt_cache, inverse: torch.Tensor):
+        super().__init__()
+        self.layers = prompt_cache.layers        # every layer's prompt keys/values (u rows)
+        self.layer_class_to_replicate = None
+        self.inverse = inverse                   # (b,) row -> distinct prompt
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        layer = self.layers[layer_idx]
+        return (torch.cat([layer.keys[self.inverse], key_states], dim=-2),
+                torch.cat([layer.values[self.inverse], value_states], dim=-2))
+
+
+def _two_passes(model, mb: Experience, response_head=contextlib.nullcontext):
+    """The prompt pass, then the response pass on the prompts' keys/values: (first (b, 1, V)
+    logits, the last prompt position's, which predict response token 0; the response pass's
+    output `.logits` (b, T-1, ...) for tokens 1..T-1, None when T == 1). The response pass
+    runs inside `response_head(labels)` (b, T-1): `chunked_head.logp_head` makes it return
+    log-probs and entropies instead of logits."""
+    T = mb.response_ids.shape[1]
+    uniq_ids, uniq_mask, prompt_pos, inverse, resp_ids, resp_attention, resp_pos = _inputs(mb)
+    # (our own cache: under checkpointing HF's model forward would not make one)
+    cache = PromptCache()
+    out = model(input_ids=uniq_ids, attention_mask=uniq_mask, position_ids=prompt_pos,
+                past_key_values=cache, use_cache=False, logits_to_keep=1)
+    first = out.logits[inverse]                                                    # (b, 1, V)
+    if T == 1:
+        return first, None
+    cache = _prefix_cache(cache, inverse, uniq_ids.shape[1])
+    with response_head(mb.response_ids[:, 1:]):
+        rest = model(input_ids=resp_ids, attention_mask=resp_attention, position_ids=resp_pos,
+                     past_key_values=cache, use_cache=False).logits                # (b, T-1, ...)
+    return first, rest
 
 
 def shared_response_logits(model, mb: Experience, temperature: float = 1.0) -> torch.Tensor:
@@ -134,18 +198,20 @@ def shared_response_logits(model, mb: Experience, temperature: float = 1.0) -> t
     (no copy: the fused log-prob pass applies the temperature), else float32 divided by it;
     equal to `update.response_logits` with each distinct prompt computed once (also right,
     just not cheaper, when no prompt repeats)."""
-    T = mb.response_ids.shape[1]
-    uniq_ids, uniq_mask, prompt_pos, inverse, resp_ids, resp_attention, resp_pos = _inputs(mb)
-    # the last prompt position's logits predict response token 0
-    out = model(input_ids=uniq_ids, attention_mask=uniq_mask, position_ids=prompt_pos,
-                use_cache=True, logits_to_keep=1)
-    logits = out.logits[inverse]                                                   # (b, 1, V)
-    if T > 1:
-        cache = _expand_cache(out.past_key_values, inverse, uniq_ids.shape[1])
-        rest = model(input_ids=resp_ids, attention_mask=resp_attention, position_ids=resp_pos,
-                     past_key_values=cache, use_cache=True).logits                 # (b, T-1, V)
-        logits = torch.cat([logits, rest], dim=1)                                  # (b, T, V)
+    first, rest = _two_passes(model, mb)
+    logits = first if rest is None else torch.cat([first, rest], dim=1)          # (b, T, V)
     return logits if temperature == 1.0 else logits.float() / temperature
+
+
+def shared_response_logp_entropy(model, mb: Experience, temperature: float, response_head):
+    """(b, T) log-probs and (b, T) entropies of the response tokens at `temperature`, float32:
+    token 0 from the prompt pass's logits, tokens 1..T-1 from the response pass run inside
+    `response_head(labels)` (`chunked_head.logp_head`: no (b, T, V) logits)."""
+    first, rest = _two_passes(model, mb, response_head)
+    logp, ent = token_logprobs_entropy(first, mb.response_ids[:, :1], temperature)     # (b, 1) each
+    if rest is None:
+        return logp, ent
+    return torch.cat([logp, rest[..., 0]], dim=1), torch.cat([ent, rest[..., 1]], dim=1)
 
 
 def shared_response_values(critic, mb: Experience) -> torch.Tensor:
@@ -154,17 +220,15 @@ def shared_response_values(critic, mb: Experience) -> torch.Tensor:
 
     `critic` is a ValueModel or a DeepSpeed engine around one; both passes go through its
     forward with a cache it fills in place."""
-    from transformers import DynamicCache
-
     vm = _unwrap(critic)
     T = mb.response_ids.shape[1]
     uniq_ids, uniq_mask, prompt_pos, inverse, resp_ids, resp_attention, resp_pos = _inputs(mb)
-    cache = DynamicCache(config=vm.backbone.config)
+    cache = PromptCache()
     prompt_values = critic(input_ids=uniq_ids, attention_mask=uniq_mask, position_ids=prompt_pos,
                            past_key_values=cache)                                  # (u, P')
     values = prompt_values[:, -1:][inverse]                                        # (b, 1)
     if T > 1:
-        cache = _expand_cache(cache, inverse, uniq_ids.shape[1])
+        cache = _prefix_cache(cache, inverse, uniq_ids.shape[1])
         rest = critic(input_ids=resp_ids, attention_mask=resp_attention, position_ids=resp_pos,
                       past_key_values=cache)                                       # (b, T-1)
         values = torch.cat([values, rest], dim=1)                                  # (b, T)

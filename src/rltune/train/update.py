@@ -8,6 +8,7 @@ state and the LR schedule stay untouched.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -24,7 +25,7 @@ from ..algo import (
 )
 from ..recipe.knobs import Knobs
 from ..rollout.experience import Experience
-from . import shared_prompt
+from . import chunked_head, shared_prompt
 from .batching import passes, scatter
 from .collective import global_max, global_sum, world_size
 
@@ -44,6 +45,12 @@ def micro_weight(mb_mask: torch.Tensor, total_tokens: float, total_seqs: float, 
         n = float((mb_mask.sum(-1) > 0).sum()) if seqs is None else seqs
         return n / max(total_seqs, 1)
     return 1.0  # token-sum: sums add up
+
+
+def no_region(name: str):
+    """The default `region` of `run_update` and the loop: measures nothing (`train --dry-run`
+    passes its meter's, which records the peak memory of each named pass)."""
+    return contextlib.nullcontext()
 
 
 @dataclass
@@ -114,7 +121,8 @@ def _loss_scale(engine) -> float | None:
     return float(engine.optimizer.loss_scale)
 
 
-def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: str) -> UpdateResult:
+def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: str, region=no_region,
+               role: str = "actor") -> UpdateResult:
     """Forward/backward every micro-batch, then one guarded optimizer step.
 
     No host sync inside the micro-batch loop: the loss, its finiteness and the stats accumulate
@@ -122,7 +130,8 @@ def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: 
     loss still gets its backward like every micro-batch (ZeRO-2/3 reduce in backward); after the
     loop one extra backward of a nan-valued loss that reaches every parameter poisons all
     gradients, on every rank, so the whole update is skipped (by DeepSpeed's overflow check, or
-    by ours at stage 0)."""
+    by ours at stage 0). `region(name)`: a context around the micro-batch passes ("{role} pass")
+    and the optimizer step ("{role} step"), for `train --dry-run`."""
     # DeepSpeed averages gradients over ranks, so a rank's share of the global update is its
     # micro-batch weight (over the global batch) times the world size
     world = world_size()
@@ -133,23 +142,24 @@ def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: 
     result = UpdateResult(lr=float(engine.get_lr()[0]))    # the scheduler moves it on in engine.step()
     losses, loss_sum, stat_sums = [], None, {}
     engine.train()
-    for mb, n_tok, n_seq in zip(micro_batches, tokens, seqs):
-        w = micro_weight(mb.train_mask, total_tokens, total_seqs, agg, tokens=n_tok, seqs=n_seq) * world
-        loss, stats = loss_fn(mb)
-        engine.backward(loss * w, scale_wrt_gas=False)
-        # stats are token-means over valid tokens: weighted by token share whatever the loss_agg,
-        # so they do not depend on how the update is cut into micro-batches; a micro-batch with a
-        # non-finite loss adds nothing to them (the update is skipped anyway)
-        loss = loss.detach().float()
-        ok, tw = torch.isfinite(loss), n_tok / max(total_tokens, 1.0)
-        losses.append(loss)
-        loss_sum = _acc(loss_sum, torch.where(ok, loss * (w / world), 0.0))
-        for k, v in stats.items():
-            v = torch.as_tensor(v, dtype=torch.float32, device=loss.device)
-            if k.endswith("_max"):   # a maximum over the update, not a weighted mean
-                stat_sums[k] = v if k not in stat_sums else torch.maximum(stat_sums[k], v)
-            else:
-                stat_sums[k] = _acc(stat_sums.get(k), torch.where(ok, v * tw, 0.0))
+    with region(f"{role} pass"):
+        for mb, n_tok, n_seq in zip(micro_batches, tokens, seqs):
+            w = micro_weight(mb.train_mask, total_tokens, total_seqs, agg, tokens=n_tok, seqs=n_seq) * world
+            loss, stats = loss_fn(mb)
+            engine.backward(loss * w, scale_wrt_gas=False)
+            # stats are token-means over valid tokens: weighted by token share whatever the loss_agg,
+            # so they do not depend on how the update is cut into micro-batches; a micro-batch with a
+            # non-finite loss adds nothing to them (the update is skipped anyway)
+            loss = loss.detach().float()
+            ok, tw = torch.isfinite(loss), n_tok / max(total_tokens, 1.0)
+            losses.append(loss)
+            loss_sum = _acc(loss_sum, torch.where(ok, loss * (w / world), 0.0))
+            for k, v in stats.items():
+                v = torch.as_tensor(v, dtype=torch.float32, device=loss.device)
+                if k.endswith("_max"):   # a maximum over the update, not a weighted mean
+                    stat_sums[k] = v if k not in stat_sums else torch.maximum(stat_sums[k], v)
+                else:
+                    stat_sums[k] = _acc(stat_sums.get(k), torch.where(ok, v * tw, 0.0))
     keys = sorted(k for k in stat_sums if not k.endswith("_max"))
     max_keys = sorted(k for k in stat_sums if k.endswith("_max"))
     host = torch.stack([loss_sum.double()] + [stat_sums[k].double() for k in keys + max_keys]
@@ -173,14 +183,16 @@ def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: 
             engine.zero_grad()
             result.skipped, result.reason = True, result.reason or f"grad norm {norm}"
             return result
-        engine.step()
+        with region(f"{role} step"):
+            engine.step()
         result.grad_norm = norm
         return result
 
     # DeepSpeed checks the (rank-reduced) gradients in `step` and skips a non-finite update
     # itself; under fp16 that is also how its dynamic loss scaler sees the overflow and backs off
     scale = _loss_scale(engine)
-    engine.step()
+    with region(f"{role} step"):
+        engine.step()
     new_scale = _loss_scale(engine)
     if new_scale is not None:
         result.stats["loss_scale"] = new_scale
@@ -213,6 +225,26 @@ def response_logits(model, mb: Experience, temperature: float = 1.0, shared: boo
     return logits if temperature == 1.0 else logits / temperature
 
 
+def response_logp_entropy(model, mb: Experience, temperature: float, shared: bool = False):
+    """(b, T) log-probs of the response tokens and (b, T) entropies at `temperature`, float32.
+
+    Where the micro-batch's logits would exceed one chunk (`chunked_head`), the output layer
+    runs chunk by chunk inside the model call and no (b, T, V) logits exist; otherwise the
+    logits of the whole micro-batch go through the fused chunked log-softmax. Both are exact."""
+    head = chunked_head.output_layer(model)
+    T = mb.response_ids.shape[1]
+    if not chunked_head.worth_chunking(head, mb.size * (T + 1)):
+        logits = response_logits(model, mb, shared=shared)                           # (b, T, V)
+        return token_logprobs_entropy(logits, mb.response_ids, temperature)
+    if shared and shared_prompt.pays_off(model, mb):
+        return shared_prompt.shared_response_logp_entropy(
+            model, mb, temperature, lambda labels: chunked_head.logp_head(model, labels, temperature))
+    labels = torch.nn.functional.pad(mb.response_ids, (0, 1))                       # (b, T+1): last predicts nothing kept
+    with chunked_head.logp_head(model, labels, temperature):
+        out = model(**mb.model_inputs(), use_cache=False, logits_to_keep=T + 1).logits[:, :-1]   # (b, T, 2)
+    return out[..., 0], out[..., 1]
+
+
 def response_values(critic, mb: Experience, shared: bool = False) -> torch.Tensor:
     """(b, T) float32 critic values before each response token."""
     if shared and shared_prompt.pays_off(critic, mb):
@@ -223,8 +255,15 @@ def response_values(critic, mb: Experience, shared: bool = False) -> torch.Tenso
 
 def use_shared_prompts(recipe, model) -> bool:
     """Whether the passes compute each prompt once per group (`train.share_prompts` and a model
-    whose cache we can vouch for; see `shared_prompt.shared_prompt_reason`)."""
+    whose cache we can vouch for; see `shared_prompt.shared_prompt_reason`). Not with
+    train.max_tokens_per_micro_batch under ZeRO-3 on several ranks: ZeRO-3 gathers the weights
+    around every forward call on all ranks together, and the ranks' micro-batches differ, so one
+    rank's shared pass (two calls) would meet another's single call (a micro-batch of one
+    response token, or with no prompt repeated: a group split by the budget) and hang."""
     if not recipe.train.share_prompts or recipe.algorithm.group_size < 2:
+        return False
+    zero3 = getattr(model, "zero_optimization_stage", lambda: 0)() == 3
+    if recipe.train.max_tokens_per_micro_batch and zero3 and world_size() > 1:
         return False
     return shared_prompt.shared_prompt_reason(model) is None
 
@@ -246,9 +285,9 @@ def make_actor_loss(actor, recipe, knobs: Knobs, correction: str = "none",
 
     def loss_fn(mb: Experience):
         mask = mb.train_mask                                           # (b, T) the model's tokens
-        logits = response_logits(actor, mb, shared=shared)             # (b, T, V) at temperature 1
-        # fused log-prob + entropy at the log-prob temperature (no float32 copy of the logits)
-        logp, entropy = token_logprobs_entropy(logits, mb.response_ids, temperature)    # (b, T), (b, T)
+        # log-prob + entropy at the log-prob temperature (no float32 copy of the logits; no
+        # (b, T, V) logits at all where they would exceed one chunk)
+        logp, entropy = response_logp_entropy(actor, mb, temperature, shared)          # (b, T), (b, T)
         if knobs.entropy_coef <= 0:
             entropy = entropy.detach()                                 # logged only
         behavior = mb.behavior_logp
@@ -295,18 +334,19 @@ def make_critic_loss(critic, recipe):
 
 @torch.no_grad()
 def forward_logp(model, exp: Experience, temperature: float, micro: int, group: int = 1,
-                 shared: bool = False) -> torch.Tensor:
+                 shared: bool = False, max_tokens: int | None = None) -> torch.Tensor:
     """(B, T) log-probs of the response tokens, without autograd, in length-sorted, trimmed
-    micro-batches (groups of `group` rows kept together for the shared-prompt pass)."""
+    micro-batches of `micro` rows or `max_tokens` padded tokens (groups of `group` rows kept
+    together for the shared-prompt pass)."""
     out = []
-    for mb in passes(exp, micro, group):
-        logits = response_logits(model, mb, shared=shared)                           # (b, T', V)
-        out.append((mb, token_logprobs_entropy(logits, mb.response_ids, temperature)[0]))
+    for mb in passes(exp, micro, group, max_tokens):
+        out.append((mb, response_logp_entropy(model, mb, temperature, shared)[0]))      # (b, T')
     return scatter(out, exp.response_mask) * exp.train_mask
 
 
 @torch.no_grad()
-def forward_values(critic, exp: Experience, micro: int, group: int = 1, shared: bool = False) -> torch.Tensor:
+def forward_values(critic, exp: Experience, micro: int, group: int = 1, shared: bool = False,
+                   max_tokens: int | None = None) -> torch.Tensor:
     """(B, T) critic values before each response token, without autograd."""
-    out = [(mb, response_values(critic, mb, shared)) for mb in passes(exp, micro, group)]
+    out = [(mb, response_values(critic, mb, shared)) for mb in passes(exp, micro, group, max_tokens)]
     return scatter(out, exp.response_mask) * exp.train_mask
