@@ -133,6 +133,9 @@ def test_dry_run_json_numbers_are_positive_and_ordered(recipe_factory, tmp_path)
             if name == "behaviour pass":    # the KL in the reward needs it; the plan counts it only for
                 assert items == [] and g["plan"] is None   # several updates per step
                 continue
+            if name.endswith(" step") and not items:   # one rank, fp32: the step needs nothing beyond the
+                assert g["plan"] is None                 # resident state (no all-reduce copy, fused AdamW)
+                continue
             assert items and g["plan"] == sum(it.bytes for it in items), (name, g, items)
             assert g["plan_items"] == [it.name for it in items if it.group] + [it.name for it in items
                                                                                if not it.group]

@@ -38,8 +38,9 @@ def train_state(total: int, trainable: int, precision: str, zero: int, world: in
     trainable parameter (ZeRO paper's K = 12); frozen parameters (LoRA's base) only have weights.
     fp32: weights 4, gradients 4, Adam m, v 8 (no master copy: the weights are fp32 already).
     Stage >= 1 divides the optimizer state by `world`, >= 2 the gradients, 3 the weights.
-    `step`: the optimizer step's extra at stage 0: DeepSpeed's gradient all-reduce (run at the step,
-    on one rank too) flattens the gradients into buckets of up to 5e8 elements, and in 16-bit its
+    `step`: the optimizer step's extra at stage 0: with several ranks DeepSpeed's gradient all-reduce
+    (run at the step; one rank skips it, engine/roles.py) flattens the gradients into buckets of up to
+    5e8 elements, and in 16-bit its
     FP16/BF16 optimizer then flattens them into one fp32 buffer (4 bytes per trainable parameter).
     `offload` (ZeRO-Offload): the optimizer state lives in host memory (0 on the device).
     """
@@ -50,7 +51,7 @@ def train_state(total: int, trainable: int, precision: str, zero: int, world: in
     optimizer = trainable * opt_bytes
     step = 0
     if zero == 0:
-        step = max(min(ZERO2_BUCKET, trainable) * w, trainable * 4 if w == 2 else 0)
+        step = max(min(ZERO2_BUCKET, trainable) * w if world > 1 else 0, trainable * 4 if w == 2 else 0)
     if zero >= 1:
         optimizer //= world
     if zero >= 2:
