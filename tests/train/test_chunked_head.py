@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from test_shared_prompt import TEMPERATURE, _assert_grad_close, _batch, _grads
+from test_shared_prompt import TEMPERATURE, _assert_grad_close, _batch, _grads, one_thread  # noqa: F401 (autouse)
 
 ROWS = 5   # rows per chunk in these tests: 12 rows x 7 positions -> 17 chunks
 
@@ -28,14 +28,6 @@ class _Largest(TorchDispatchMode):
                     and tuple(t.shape) != self.transposed:
                 self.numel = max(self.numel, t.numel() // self.vocab)
         return out
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen2"])
