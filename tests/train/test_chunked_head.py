@@ -39,11 +39,10 @@ def lm(request):
 
 
 def _small_chunks(monkeypatch, lm):
+    """Chunks of ROWS positions of `lm`'s vocabulary."""
     from rltune.train import chunked_head
 
-    vocab = lm.get_output_embeddings().weight.shape[0]
-    monkeypatch.setattr(chunked_head, "HEAD_CHUNK_ELEMS", ROWS * vocab)
-    return vocab
+    monkeypatch.setattr(chunked_head, "HEAD_CHUNK_ELEMS", ROWS * lm.get_output_embeddings().weight.shape[0])
 
 
 def _pass(lm, mb, shared):

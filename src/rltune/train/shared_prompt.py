@@ -219,8 +219,7 @@ def shared_response_values(critic, mb: Experience) -> torch.Tensor:
     `critic(**mb.model_inputs())[:, -T-1:-1]` (last prompt position, then response 0..T-2).
 
     `critic` is a ValueModel or a DeepSpeed engine around one; both passes go through its
-    forward with a cache it fills in place."""
-    vm = _unwrap(critic)
+    forward: the prompt pass fills a `PromptCache`, the response pass reads it (`PrefixCache`)."""
     T = mb.response_ids.shape[1]
     uniq_ids, uniq_mask, prompt_pos, inverse, resp_ids, resp_attention, resp_pos = _inputs(mb)
     cache = PromptCache()
