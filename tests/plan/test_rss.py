@@ -33,7 +33,9 @@ MEASURE = """
 import atexit, importlib, resource, runpy, sys
 def peak():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+from rltune.lean_imports import import_stack
 from rltune.plan.estimate import CPU_RUNTIME_MODULES
+import_stack()
 for m in list(CPU_RUNTIME_MODULES) + sys.argv[1].split():
     importlib.import_module(m)
 print("BASELINE_KB", peak(), flush=True)

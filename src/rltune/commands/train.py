@@ -68,6 +68,9 @@ def run(recipe_path: str, overrides: list[str], resume: str = "auto", allow_reci
                 os.environ.pop(COMMAND_ENV, None)
             else:
                 os.environ[COMMAND_ENV] = saved
+    from rltune.lean_imports import import_stack
+
+    import_stack()   # before any model: without the optional packages nothing here uses
     if dry_run:
         from rltune.train.dryrun import dry_run as run_dry
 

