@@ -376,3 +376,98 @@ def test_selective_checkpointing_under_lora_equals_the_plain_pass():
     assert len(plain) == len(shared) > 0 and any(g.abs().sum() > 0 for g in plain)
     for a, b in zip(plain, shared):
         _assert_grad_close(b, a)
+
+
+def _backward_grads(model, loss, existing=None):
+    """The gradients `loss.backward()` accumulates into .grad (on top of `existing`, or from None),
+    as the update takes them; .grad is left as it was found (None)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p, e in zip(params, existing or [None] * len(params)):
+        p.grad = None if e is None else e.clone()
+    loss.backward()
+    out = [None if p.grad is None else p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    return out
+
+
+@pytest.mark.parametrize("checkpointing", [False, "selective"])
+@pytest.mark.parametrize("on_top", [False, True], ids=["from-none", "accumulated"])
+def test_early_accumulation_into_grad_equals_the_plain_pass(lm, checkpointing, on_top):
+    """Inside `into_grad()` (the update's forward) the response pass adds its weight gradients to
+    .grad as backward reaches them: .grad after backward equals the plain unshared pass's, whether
+    .grad held an earlier micro-batch's sum or nothing, with and without selective recompute."""
+    from rltune.models.checkpointing import _layers, enable_checkpointing
+    from rltune.train import shared_prompt
+    from rltune.train.update import response_logits
+
+    mb = _batch(3)
+    params = [p for p in lm.parameters() if p.requires_grad]
+    existing = [torch.randn_like(p) for p in params] if on_top else None
+    plain = _backward_grads(lm, _loss(response_logits(lm, mb, TEMPERATURE), mb), existing)
+    enable_checkpointing(lm, checkpointing)
+    lm.train()                                               # HF recomputes in training mode only
+    calls = _Calls(lm)
+    try:
+        with shared_prompt.into_grad():
+            logits = shared_prompt.shared_response_logits(lm, mb, TEMPERATURE)
+        early = _backward_grads(lm, _loss(logits, mb), existing)
+    finally:
+        calls.handle.remove()
+        lm.gradient_checkpointing_disable()
+        for layer in _layers(lm):
+            layer._can_checkpoint_with_cache = False
+        lm.eval()
+    assert calls.rows == [3, mb.size] + ([mb.size, 3] if checkpointing else [])   # recomputed when selective
+    assert all(type(w) is torch.nn.Parameter for w in lm.parameters())   # the weights are back
+    for a, b in zip(plain, early):
+        assert (a is None) == (b is None)
+        if a is not None:
+            _assert_grad_close(b, a)
+
+
+def test_early_accumulation_leaves_no_layer_waiting(lm):
+    """What the early accumulation is for: the response pass's weight gradients reach .grad as
+    backward goes, not once the prompt pass's arrive. Each layer's response-pass gradients are in
+    .grad before the backward of the layer below it starts (a full backward pre-hook per decoder
+    layer: it fires for the response pass's calls first, the layers from the last down)."""
+    from rltune.models.checkpointing import _layers
+    from rltune.train import shared_prompt
+
+    layers = _layers(lm)
+    mb, seen = _batch(3), []
+    for p in lm.parameters():
+        p.grad = None
+
+    def before_backward(i):
+        def hook(module, grad_output):
+            # the layer above (i + 1), whose backward ran just before: its weights' gradients
+            above = layers[i + 1] if i + 1 < len(layers) else None
+            if above is not None:
+                seen.append((i, all(p.grad is not None for p in above.parameters())))
+        return hook
+
+    handles = [layer.register_full_backward_pre_hook(before_backward(i)) for i, layer in enumerate(layers)]
+    try:
+        with shared_prompt.into_grad():
+            logits = shared_prompt.shared_response_logits(lm, mb, TEMPERATURE)
+        _loss(logits, mb).backward()
+    finally:
+        for h in handles:
+            h.remove()
+        for p in lm.parameters():
+            p.grad = None
+    first_pass = seen[:len(layers) - 1]                       # the response pass, layers from the top down
+    assert [i for i, _ in first_pass] == list(range(len(layers) - 2, -1, -1)), seen
+    assert all(ok for _, ok in first_pass), seen
+    # and without it (a plain forward) they wait: the check itself can fail
+    seen.clear()
+    handles = [layer.register_full_backward_pre_hook(before_backward(i)) for i, layer in enumerate(layers)]
+    try:
+        _loss(shared_prompt.shared_response_logits(lm, mb, TEMPERATURE), mb).backward()
+    finally:
+        for h in handles:
+            h.remove()
+        for p in lm.parameters():
+            p.grad = None
+    assert not any(ok for _, ok in seen[:len(layers) - 1]), seen

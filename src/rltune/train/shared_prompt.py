@@ -20,6 +20,16 @@ through `PrefixCache`, which expands them to the b rows inside each layer and ne
 them. So under selective checkpointing (`models/checkpointing.py`) a layer recomputed in backward,
 in either pass, sees the same prompt keys/values, and the expansion is recomputed instead of kept.
 
+Every weight is used by both passes, and autograd sums a leaf's gradients from all its uses
+before it accumulates them: the response pass's weight gradients, computed first in backward,
+would wait for the prompt pass's, a whole set of gradients held beside `.grad` (513 MiB for
+SmolLM2 in fp32, the largest item of its update). So the response pass sees its trainable
+weights through `_AccumulateNow`, which adds its gradients to `.grad` as they come
+(`response_call`: one identity per weight and module call, made as the module runs). Only for
+a forward whose gradients `backward()` accumulates into `.grad` (the update's, inside
+`into_grad()`): `torch.autograd.grad` would not see the gradients added on the side. The prompt pass keeps the plain graph edge: the weight's own accumulation,
+and the hooks DeepSpeed hangs on it (ZeRO-1/2), still come last and see the sum.
+
 It relies on HF's DynamicCache (transformers 5.x) holding every layer's keys/values, so
 `shared_prompt_reason` allows only model types and settings that were checked.
 """
@@ -130,6 +140,79 @@ def _inputs(mb: Experience):
             resp_ids, attention[:, : P + T - 1], position[:, P: P + T - 1])
 
 
+class _AccumulateNow(torch.autograd.Function):
+    """The identity on a trainable weight; its gradient is added to `weight.grad` as soon as
+    backward reaches it, and nothing flows on to the weight's own accumulation."""
+
+    @staticmethod
+    def forward(ctx, weight):
+        ctx.weight = weight
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        w = ctx.weight
+        if w.grad is None:
+            w.grad = grad.detach().clone()
+        else:
+            w.grad.add_(grad.detach())
+        return None
+
+
+_INTO_GRAD = [0]   # > 0 inside `into_grad()`
+
+
+@contextlib.contextmanager
+def into_grad():
+    """Inside: the passes' gradients will be accumulated into `.grad` by `backward()` (the update's
+    forward, `update.run_update`), so the response pass may add its weight gradients early."""
+    _INTO_GRAD[0] += 1
+    try:
+        yield
+    finally:
+        _INTO_GRAD[0] -= 1
+
+
+def response_call(model, **inputs):
+    """`model(**inputs)` with each module's trainable weights seen through `_AccumulateNow`,
+    made as the module runs (inside `into_grad()`, outside ZeRO-3); see the module docstring.
+
+    Made per module call, each identity comes right before the ops that use it, so backward
+    runs it right after them (autograd runs the latest-made ready node first): made all at
+    once before the pass, they would all wait, holding their gradients, until the pass's
+    backward ends. Under ZeRO-3 the weights are partitioned and gathered by DeepSpeed's own
+    hooks: the plain call (the gradients wait)."""
+    if not torch.is_grad_enabled() or not _INTO_GRAD[0]:
+        return model(**inputs)
+    modules = [m for m in model.modules() if any(w.requires_grad for w in m.parameters(recurse=False))]
+    if not modules or any(hasattr(w, "ds_id") for m in modules for w in m.parameters(recurse=False)):
+        return model(**inputs)
+    swapped: dict[int, list] = {}       # id(module) -> [(name, weight)] while the module runs
+
+    def restore(module) -> None:
+        for name, w in swapped.pop(id(module), []):
+            module._parameters[name] = w
+
+    def before(module, args):
+        restore(module)
+        names = [n for n, w in module._parameters.items() if w is not None and w.requires_grad]
+        swapped[id(module)] = [(n, module._parameters[n]) for n in names]
+        for n, w in swapped[id(module)]:
+            module._parameters[n] = _AccumulateNow.apply(w)
+
+    def after(module, args, output):
+        restore(module)
+
+    hooks = [h for m in modules for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
+    try:
+        return model(**inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+        for m in modules:
+            restore(m)
+
+
 def _prefix_cache(cache, inverse: torch.Tensor, prompt_len: int):
     """The prompt pass's cache as the response pass reads it (`PrefixCache`)."""
     if cache is None or cache.get_seq_length() != prompt_len:
@@ -188,8 +271,8 @@ def _two_passes(model, mb: Experience, response_head=contextlib.nullcontext):
         return first, None
     cache = _prefix_cache(cache, inverse, uniq_ids.shape[1])
     with response_head(mb.response_ids[:, 1:]):
-        rest = model(input_ids=resp_ids, attention_mask=resp_attention, position_ids=resp_pos,
-                     past_key_values=cache, use_cache=False).logits                # (b, T-1, ...)
+        rest = response_call(model, input_ids=resp_ids, attention_mask=resp_attention, position_ids=resp_pos,
+                             past_key_values=cache, use_cache=False).logits        # (b, T-1, ...)
     return first, rest
 
 
@@ -228,7 +311,7 @@ def shared_response_values(critic, mb: Experience) -> torch.Tensor:
     values = prompt_values[:, -1:][inverse]                                        # (b, 1)
     if T > 1:
         cache = _prefix_cache(cache, inverse, uniq_ids.shape[1])
-        rest = critic(input_ids=resp_ids, attention_mask=resp_attention, position_ids=resp_pos,
-                      past_key_values=cache)                                       # (b, T-1)
+        rest = response_call(critic, input_ids=resp_ids, attention_mask=resp_attention, position_ids=resp_pos,
+                             past_key_values=cache)                                # (b, T-1)
         values = torch.cat([values, rest], dim=1)                                  # (b, T)
     return values.float()

@@ -145,7 +145,8 @@ def run_update(engine, micro_batches: list[Experience], loss_fn: Callable, agg: 
     with region(f"{role} pass"):
         for mb, n_tok, n_seq in zip(micro_batches, tokens, seqs):
             w = micro_weight(mb.train_mask, total_tokens, total_seqs, agg, tokens=n_tok, seqs=n_seq) * world
-            loss, stats = loss_fn(mb)
+            with shared_prompt.into_grad():      # backward() takes these gradients into .grad
+                loss, stats = loss_fn(mb)
             engine.backward(loss * w, scale_wrt_gas=False)
             # stats are token-means over valid tokens: weighted by token share whatever the loss_agg,
             # so they do not depend on how the update is cut into micro-batches; a micro-batch with a
