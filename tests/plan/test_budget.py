@@ -302,3 +302,19 @@ def test_large_vocabulary_logits_are_one_chunk(llama7b):
     assert item(plan, "actor logits (log-prob pass + its gradient)") == rows * V * 2 * 2 + 3 * rows * V * 4
     zero3 = estimate(recipe_of(SEVEN_B.format(path=llama7b, zero=3, nproc=8)), Hardware("cuda", gpus=8))
     assert item(zero3, "actor logits (log-prob pass + its gradient)") == 2 * 513 * V * 2 * 2 + 3 * (1 << 26) * 4
+
+
+def test_waiting_gradients_only_under_zero3_shared_prompts(llama7b):
+    """ZeRO-3 keeps the response pass's weight gradients waiting for the prompt pass's (docs/memory.md,
+    "Shared-prompt gradients"): one unpartitioned set in the weights' dtype. ZeRO-0 to 2 add them to
+    .grad early, and without shared prompts nothing waits."""
+    name = "actor gradients waiting (shared prompts, ZeRO-3)"
+    selective = SEVEN_B.replace("gradient_checkpointing: true", "gradient_checkpointing: selective")
+    plan = estimate(recipe_of(selective.format(path=llama7b, zero=3, nproc=8)), Hardware("cuda", gpus=8, mem_bytes=80 * GiB))
+    assert plan.activations["shared_prompts"] and item(plan, name) == P7B * 2          # bf16, not / 8
+    for zero in (0, 2):
+        other = estimate(recipe_of(selective.format(path=llama7b, zero=zero, nproc=8)),
+                         Hardware("cuda", gpus=8, mem_bytes=80 * GiB))
+        assert name not in names(other)
+    full = estimate(recipe_of(SEVEN_B.format(path=llama7b, zero=3, nproc=8)), Hardware("cuda", gpus=8, mem_bytes=80 * GiB))
+    assert not full.activations["shared_prompts"] and name not in names(full)

@@ -314,6 +314,10 @@ def estimate(recipe, hw: Hardware) -> "Plan":
         f"micro-batch {micro} x {seq} tokens, gradient_checkpointing {_mode_word(mode)} ("
         + ", ".join(f"{_mode_word(m)}: {B.fmt_bytes(v)}" for m, v in each.items() if m != mode) + ")"
         + (f"; shared-prompt passes: {u} distinct prompt(s) per micro-batch" if u else "") + by_tokens, "actor pass")
+    if u and a.zero_stage == 3:
+        add("actor gradients waiting (shared prompts, ZeRO-3)", trainable * b, ("update",),
+            "the response pass's weight gradients wait for the prompt pass's, unpartitioned: under ZeRO-3 "
+            "they are not added early (docs/memory.md)", "actor pass")
     chunked = a.zero_stage != 3
     logits = B.logits_bytes(arch, micro, T, b, backward=True, chunked=chunked)
     whole = B.logits_bytes(arch, micro, T, b, backward=True, chunked=False)
@@ -414,6 +418,9 @@ def _critic_items(recipe, world: int, cpu: bool, attn: str, add, notes) -> None:
         f"gradient_checkpointing {_mode_word(c.gradient_checkpointing)}"
         + (f"; shared-prompt passes: {u} distinct prompt(s) per micro-batch" if u else "")
         + _budget_note(recipe, micro, seq), "critic pass")
+    if u and c.zero_stage == 3:
+        add("critic gradients waiting (shared prompts, ZeRO-3)", trainable * b, ("update",),
+            "the response pass's weight gradients wait for the prompt pass's (docs/memory.md)", "critic pass")
     add("value pass", B.forward_working(carch, micro, seq, b, attn), ("experience",),
         _budget_note(recipe, micro, seq).lstrip("; "), "value pass")
 
