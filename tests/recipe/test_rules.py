@@ -44,6 +44,9 @@ CASES = [
     ("divisibility", MINIMAL, ["train.micro_batch_size=5"], "error", ["train.micro_batch_size=8"]),
     ("divisibility", MINIMAL, ["rollout.batch_size=8", "train.batch_size=36", "train.micro_batch_size=4"], "error",
      ["rollout.batch_size=8", "train.batch_size=40"]),
+    # with a token budget the rows per micro-batch are not the micro-batch size: only the world size divides
+    ("divisibility", MINIMAL, ["train.micro_batch_size=5", "train.max_tokens_per_micro_batch=4096", "trainer.nproc=3"],
+     "error", ["train.micro_batch_size=5", "train.max_tokens_per_micro_batch=4096"]),
     ("divisibility", MINIMAL, ["algorithm.group_size=3"], "error", ["algorithm.group_size=8"]),
     ("divisibility", MINIMAL, ["trainer.nproc=3"], "error", ["trainer.nproc=2"]),
     ("divisibility", MINIMAL, ["trainer.nproc=4"], "error",  # 2 prompts do not split over 4 ranks

@@ -333,7 +333,11 @@ def main() -> int:
     res_one = update.run_update(actors[0], [exp], fn[0], r.algorithm.loss_agg)
     many = [exp.select(torch.tensor([i])) for i in range(exp.size)]
     if r.train.max_tokens_per_micro_batch:   # the budget's packing (uneven micro-batches, groups split)
-        many = batching.cut(exp, torch.arange(exp.size), MICRO, GROUP, r.train.max_tokens_per_micro_batch)
+        # where the budget holds this rank's whole batch (truncated responses masked out leave little of
+        # it), half the batch's padded tokens splits it: 1 x N == N x 1 needs N > 1
+        p, t = batching.widths(exp, torch.arange(exp.size))
+        budget = min(r.train.max_tokens_per_micro_batch, max(1, exp.size * (max(p) + max(t)) // 2))
+        many = batching.cut(exp, torch.arange(exp.size), MICRO, GROUP, budget)
     res_many = update.run_update(actors[1], many, fn[1], r.algorithm.loss_agg)
     after = global_loss(objective, exp, r.algorithm.loss_agg)
     p_one, p_many = dict(iter_full_params(actors[0])), dict(iter_full_params(actors[1]))

@@ -127,7 +127,7 @@ def _batch_ok(r: Recipe, rb: int, tb: int, mb: int, ratio: bool) -> bool:
     g, w = r.algorithm.group_size, world(r)
     if rb % g or rb % w or (r.algorithm.name in GROUP_ALGOS and (rb // g) % w):
         return False
-    if tb % rb or tb % w or (tb // w) % mb:
+    if tb % rb or tb % w or (r.train.max_tokens_per_micro_batch is None and (tb // w) % mb):
         return False
     return not ratio or BATCH_RATIO[0] <= tb // rb <= BATCH_RATIO[1]
 
@@ -162,6 +162,8 @@ def joint_batch_sizes(r: Recipe, ratio: Optional[bool] = None) -> Optional[tuple
             tb = rb * k
             share = tb // w
             mb = max(d for d in _divisors_of(share) if d <= mb0) if mb0 < share else share
+            if r.train.max_tokens_per_micro_batch is not None:
+                mb = mb0                    # the token budget cuts the micro-batches, not the rows
             if not _batch_ok(r, rb, tb, mb, ratio):
                 continue
             changed = (rb != rb0) + (tb != tb0)
@@ -213,7 +215,8 @@ def batch_ratio_high(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 
 
 @rule("divisibility", "error",
-      "train.batch_size not divisible by rollout.batch_size or by micro_batch_size x world size; "
+      "train.batch_size not divisible by rollout.batch_size or by micro_batch_size x world size (by the world "
+      "size with train.max_tokens_per_micro_batch); "
       "rollout.batch_size not divisible by group_size or world size",
       "a remainder is silently dropped or padded: uneven ranks hang collectives and partial groups get wrong advantages")
 def divisibility(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
@@ -237,7 +240,10 @@ def divisibility(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
         yield Hit("train.batch_size",
                   f"train.batch_size {tb} is not a multiple of rollout.batch_size {rb}: one step gathers whole generation calls",
                   fix)
-    if tb % mb:
+    if r.train.max_tokens_per_micro_batch is not None:
+        if tb % w:                          # the token budget cuts micro-batches: any row count per rank
+            yield Hit("train.batch_size", f"train.batch_size {tb} is not divisible by the {wtxt}", fix)
+    elif tb % mb:
         yield Hit("train.micro_batch_size",
                   f"train.batch_size {tb} is not divisible by train.micro_batch_size {mb}: gradient accumulation needs whole micro-batches",
                   fix)
