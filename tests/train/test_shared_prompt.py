@@ -3,6 +3,8 @@ gradients, on tiny llama / qwen2 models, plain modules and DeepSpeed engines."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -471,3 +473,90 @@ def test_early_accumulation_leaves_no_layer_waiting(lm):
         for p in lm.parameters():
             p.grad = None
     assert not any(ok for _, ok in seen[:len(layers) - 1]), seen
+
+
+def _tied_lm():
+    from rltune.models.loading import load_causal_lm
+
+    lm = load_causal_lm("builtin:tiny-qwen2", "fp32", "sdpa")
+    assert lm.get_output_embeddings().weight is lm.get_input_embeddings().weight      # tied
+    return lm
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole-logits", "chunked-head"])
+@pytest.mark.parametrize("on_top", [False, True], ids=["from-none", "accumulated"])
+def test_tied_head_added_early_equals_the_plain_pass(monkeypatch, chunked, on_top):
+    """Inside `into_grad()` the unshared pass adds a tied output layer's gradient to .grad at once
+    (`tied_head_call`): .grad after backward equals the plain pass's, with the whole logits and
+    with the chunked output layer, from None and on top of an earlier micro-batch's sum."""
+    from rltune.train import chunked_head, shared_prompt
+    from rltune.train.update import response_logp_entropy
+
+    lm, mb = _tied_lm(), _batch(7)
+    if chunked:
+        monkeypatch.setattr(chunked_head, "HEAD_CHUNK_ELEMS", 5 * lm.get_output_embeddings().weight.shape[0])
+        assert chunked_head.worth_chunking(chunked_head.output_layer(lm), mb.size * (T + 1))
+
+    def loss():
+        logp, ent = response_logp_entropy(lm, mb, TEMPERATURE)
+        return ((logp * mb.advantages + 0.1 * ent) * mb.response_mask).sum()
+
+    params = [p for p in lm.parameters() if p.requires_grad]
+    existing = [torch.randn_like(p) for p in params] if on_top else None
+    plain = _backward_grads(lm, loss(), existing)
+    with shared_prompt.into_grad():
+        early_loss = loss()
+    early = _backward_grads(lm, early_loss, existing)
+    assert all(type(w) is torch.nn.Parameter for w in lm.parameters())   # the weights are back
+    for a, b in zip(plain, early):
+        _assert_grad_close(b, a)
+
+
+def _early_adds(monkeypatch) -> list:
+    """The weights `_AccumulateNow` adds to .grad, one entry per add, in backward's order."""
+    from rltune.train import shared_prompt
+
+    adds, plain_backward = [], shared_prompt._AccumulateNow.backward
+
+    def backward(ctx, grad):
+        adds.append(ctx.weight)
+        return plain_backward(ctx, grad)
+
+    monkeypatch.setattr(shared_prompt._AccumulateNow, "backward", staticmethod(backward))
+    return adds
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["unshared", "shared-prompt"])
+def test_tied_head_gradient_does_not_wait_for_the_embedding(monkeypatch, shared):
+    """What it is for: a tied weight's output-layer gradient (computed first in backward) used to
+    wait for its input-embedding gradient (computed last), a (V, h) table held through the whole
+    backward. Added early, the unshared pass's tied weight has a .grad as the lowest decoder layer's
+    backward begins (without `into_grad()` it has none: the check can fail); the shared-prompt
+    passes add three of its four uses early (both output layers and the response pass's embedding),
+    and leave the prompt pass's embedding to the weight's own accumulation (DeepSpeed's hooks)."""
+    from rltune.models.checkpointing import _layers
+    from rltune.train import shared_prompt
+    from rltune.train.update import response_logits
+
+    lm, mb = _tied_lm(), _batch(8)
+    tied = lm.get_input_embeddings().weight
+    adds, at_layer0 = _early_adds(monkeypatch), []
+    handle = _layers(lm)[0].register_full_backward_pre_hook(lambda m, g: at_layer0.append(tied.grad is not None))
+    try:
+        for early in (True, False):
+            tied.grad = None
+            with shared_prompt.into_grad() if early else contextlib.nullcontext():
+                logits = (shared_prompt.shared_response_logits(lm, mb, TEMPERATURE) if shared
+                          else response_logits(lm, mb, TEMPERATURE))
+            _loss(logits, mb).backward()
+    finally:
+        handle.remove()
+        for p in lm.parameters():
+            p.grad = None
+    if shared:
+        # the response pass's output layer and embedding, then the prompt pass's output layer
+        assert sum(w is tied for w in adds) == 3, len(adds)
+        assert at_layer0 == [True, True, False, False]
+    else:
+        assert [w is tied for w in adds] == [True]          # only the tied weight, only its head use
+        assert at_layer0 == [True, False]

@@ -121,3 +121,73 @@ def test_rollout_correction_weights_reach_the_actor_loss(dist, mode, factor):
     loss, _ = make_actor_loss(engine, r, knobs, mode)(exp)
     assert float(loss) == pytest.approx(factor * float(base), rel=1e-5, abs=1e-7)
     assert abs(float(base)) > 1e-4
+
+
+@pytest.mark.parametrize("zero,shared", [(0, True), (1, True), (2, True), (2, False)])
+def test_gradients_added_early_are_exact_on_engines(dist, monkeypatch, zero, shared):
+    """Inside the update's forward the passes add gradients to .grad as backward reaches them (the
+    shared-prompt response pass's weights, a tied output layer's weight: train/shared_prompt.py),
+    beside the weight's own accumulation, on which DeepSpeed's ZeRO-1/2 hooks hang. On a tied model
+    (tiny-qwen2), one update equals the one without early adds (loss, gradient norm, weights)."""
+    import contextlib
+
+    from rltune.engine.roles import build_actor
+    from rltune.recipe.knobs import Knobs
+    from rltune.train import shared_prompt
+    from rltune.train.update import make_actor_loss, run_update
+
+    r = _recipe()
+    r = r.model_copy(update={"model": r.model.model_copy(update={"policy": "builtin:tiny-qwen2"}),
+                             "actor": r.actor.model_copy(update={"zero_stage": zero}),
+                             "train": r.train.model_copy(update={"share_prompts": shared})})
+    monkeypatch.setattr(shared_prompt, "MIN_SAVED_FLOP", 0.0)        # tiny prompts: share them all the same
+    exp = _experience(3)
+    exp.prompt_ids = exp.prompt_ids[:2].repeat_interleave(4, 0)      # two groups of 4 samples
+    knobs, results, params = Knobs(1e-2, 3e-2, 0.0, 0.2, 0.0), [], []
+    for early in (True, False):
+        if not early:
+            monkeypatch.setattr(shared_prompt, "into_grad", contextlib.nullcontext)
+        torch.manual_seed(0)
+        engine = build_actor(r, "cpu", 10)
+        head = engine.module.get_output_embeddings().weight
+        assert head is engine.module.get_input_embeddings().weight
+        rows = []                                                    # the first decoder layer's batch rows per call
+        hook = engine.module.model.layers[0].register_forward_pre_hook(lambda m, a, k: rows.append(
+            (a[0] if a else k["hidden_states"]).shape[0]), with_kwargs=True)
+        results.append(run_update(engine, [exp.select(torch.arange(0, 4)), exp.select(torch.arange(4, 8))],
+                                  make_actor_loss(engine, r, knobs), "token-mean"))
+        hook.remove()
+        assert (1 in rows) == shared, rows                           # a group's prompt computed once
+        params.append(_params(engine))
+    a, b = results
+    assert abs(a.loss - b.loss) < 1e-6 and not a.skipped
+    assert abs(a.grad_norm - b.grad_norm) < 1e-5 * max(1.0, b.grad_norm)
+    for n in params[0]:
+        torch.testing.assert_close(params[0][n], params[1][n], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_gradients_added_early_are_exact_on_two_ranks(tmp_path, zero):
+    """The same on two real ranks (ZeRO-1/2: DeepSpeed's gradient hooks and reductions), each with
+    its own experience: both updates agree, and the ranks with each other."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from trainlib import ROOT, cli_env
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           str(ROOT / "tests" / "train" / "early_grads_case.py"), str(zero), str(tmp_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=cli_env(OMP_NUM_THREADS="1"), cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    for r in ranks:
+        assert r["skipped"] == [False, False]
+        assert abs(r["loss"][0] - r["loss"][1]) < 1e-6
+        assert abs(r["grad_norm"][0] - r["grad_norm"][1]) < 1e-5 * max(1.0, r["grad_norm"][1])
+        assert r["diff"] <= 1e-6, r
+    assert ranks[0]["grad_norm"] == ranks[1]["grad_norm"]        # one all-reduced gradient

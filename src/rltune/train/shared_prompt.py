@@ -28,7 +28,10 @@ weights through `_AccumulateNow`, which adds its gradients to `.grad` as they co
 (`response_call`: one identity per weight and module call, made as the module runs). Only for
 a forward whose gradients `backward()` accumulates into `.grad` (the update's, inside
 `into_grad()`): `torch.autograd.grad` would not see the gradients added on the side. The prompt pass keeps the plain graph edge: the weight's own accumulation,
-and the hooks DeepSpeed hangs on it (ZeRO-1/2), still come last and see the sum.
+and the hooks DeepSpeed hangs on it (ZeRO-1/2), still come last and see the sum. A tied output
+layer (its weight the input embedding's) is the one weight used twice within a pass: the prompt
+pass and the unshared pass see it through the same identity (`tied_head_call`), and its embedding
+use keeps the plain edge.
 
 It relies on HF's DynamicCache (transformers 5.x) holding every layer's keys/values, so
 `shared_prompt_reason` allows only model types and settings that were checked.
@@ -182,10 +185,35 @@ def response_call(model, **inputs):
     once before the pass, they would all wait, holding their gradients, until the pass's
     backward ends. Under ZeRO-3 the weights are partitioned and gathered by DeepSpeed's own
     hooks: the plain call (the gradients wait)."""
-    if not torch.is_grad_enabled() or not _INTO_GRAD[0]:
+    modules = [m for m in _unwrap(model).modules() if any(w.requires_grad for w in m.parameters(recurse=False))]
+    return _adding_early(model, modules, inputs)
+
+
+def tied_head_call(model, **inputs):
+    """`model(**inputs)` with a tied output layer's weight seen through `_AccumulateNow` (inside
+    `into_grad()`, outside ZeRO-3): for the pass that keeps the plain graph edges (the prompt pass,
+    the unshared pass).
+
+    A tied weight has two uses in one pass: the output layer, whose gradient backward computes
+    first, and the input embedding, whose gradient comes last. Autograd would hold the output
+    layer's (V, h) gradient through the whole backward, then sum it with the embedding's into a
+    third table. Added to `.grad` at once, it is gone before the embedding's arrives, and the
+    embedding's use keeps the weight's own accumulation (and DeepSpeed's hooks on it) last."""
+    m = _unwrap(model)
+    get_in, get_out = getattr(m, "get_input_embeddings", None), getattr(m, "get_output_embeddings", None)
+    head = get_out() if callable(get_out) else None
+    emb = get_in() if callable(get_in) else None
+    w = getattr(head, "weight", None)
+    tied = isinstance(head, torch.nn.Module) and w is not None and w is getattr(emb, "weight", None)
+    return _adding_early(model, [head] if tied and w.requires_grad else [], inputs)
+
+
+def _adding_early(model, modules: list, inputs: dict):
+    """`model(**inputs)` with the trainable weights of `modules` seen through `_AccumulateNow` as
+    each module runs; the plain call outside `into_grad()`, without grad, or under ZeRO-3."""
+    if not torch.is_grad_enabled() or not _INTO_GRAD[0] or not modules:
         return model(**inputs)
-    modules = [m for m in model.modules() if any(w.requires_grad for w in m.parameters(recurse=False))]
-    if not modules or any(hasattr(w, "ds_id") for m in modules for w in m.parameters(recurse=False)):
+    if any(hasattr(w, "ds_id") for m in modules for w in m.parameters(recurse=False)):
         return model(**inputs)
     swapped: dict[int, list] = {}       # id(module) -> [(name, weight)] while the module runs
 
@@ -264,8 +292,8 @@ def _two_passes(model, mb: Experience, response_head=contextlib.nullcontext):
     uniq_ids, uniq_mask, prompt_pos, inverse, resp_ids, resp_attention, resp_pos = _inputs(mb)
     # (our own cache: under checkpointing HF's model forward would not make one)
     cache = PromptCache()
-    out = model(input_ids=uniq_ids, attention_mask=uniq_mask, position_ids=prompt_pos,
-                past_key_values=cache, use_cache=False, logits_to_keep=1)
+    out = tied_head_call(model, input_ids=uniq_ids, attention_mask=uniq_mask, position_ids=prompt_pos,
+                         past_key_values=cache, use_cache=False, logits_to_keep=1)
     first = out.logits[inverse]                                                    # (b, 1, V)
     if T == 1:
         return first, None

@@ -222,7 +222,8 @@ def response_logits(model, mb: Experience, temperature: float = 1.0, shared: boo
         logits = shared_prompt.shared_response_logits(model, mb, 1.0)                             # (b, T, V)
     else:
         T = mb.response_ids.shape[1]
-        logits = model(**mb.model_inputs(), use_cache=False, logits_to_keep=T + 1).logits[:, :-1]
+        logits = shared_prompt.tied_head_call(model, **mb.model_inputs(), use_cache=False,
+                                              logits_to_keep=T + 1).logits[:, :-1]               # (b, T, V)
     return logits if temperature == 1.0 else logits / temperature
 
 
@@ -242,7 +243,8 @@ def response_logp_entropy(model, mb: Experience, temperature: float, shared: boo
             model, mb, temperature, lambda labels: chunked_head.logp_head(model, labels, temperature))
     labels = torch.nn.functional.pad(mb.response_ids, (0, 1))                       # (b, T+1): last predicts nothing kept
     with chunked_head.logp_head(model, labels, temperature):
-        out = model(**mb.model_inputs(), use_cache=False, logits_to_keep=T + 1).logits[:, :-1]   # (b, T, 2)
+        out = shared_prompt.tied_head_call(model, **mb.model_inputs(), use_cache=False,
+                                           logits_to_keep=T + 1).logits[:, :-1]                  # (b, T, 2)
     return out[..., 0], out[..., 1]
 
 
