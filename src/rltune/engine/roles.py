@@ -202,7 +202,10 @@ def build_critic(recipe, device: str, total_updates: int, adaptation=None):
     keep = _zero3_context(recipe.critic, recipe.trainer.precision, recipe.train.micro_batch_size, device)  # noqa: F841
     backbone = load_backbone(spec, "fp32", recipe.model.attn_implementation, device, recipe.model.trust_remote_code)
     backbone = adaptation.wrap(backbone, "critic")   # LoRA: the backbone's adapter; the value head trains fully
-    if recipe.critic.zero_stage == 3:
+    # LoRA: peft makes the adapters after loading, unpartitioned and fp32, and ZeRO-3 flattens the
+    # trainable partitions into one buffer of a single dtype: the value head joins them as they are
+    adapters = any(p.requires_grad and not hasattr(p, "ds_id") for p in backbone.parameters())
+    if recipe.critic.zero_stage == 3 and not adapters:
         import deepspeed
 
         # the value head is partitioned like the backbone, in the engine's precision
