@@ -612,11 +612,14 @@ def test_resume_refuses_another_base_model(tmp_path, capfd):
     assert "holds no fingerprint of the actor's base weights" in res.stderr and "resumed from" in res.stderr
 
 
-def test_lora_critic_under_zero3_bf16_builds_and_learns(dist):
+def test_lora_critic_under_zero3_bf16_builds_learns_and_resumes(dist, tmp_path):
     """PPO + LoRA + ZeRO-3 + bf16: the critic's value head sits beside the adapters (unpartitioned,
     fp32, as peft makes them), not partitioned in bf16, so ZeRO-3 flattens one dtype (it asserted
-    when the critic engine was built). The engine trains: the value loss on a fixed target falls."""
+    when the critic engine was built). The engine trains (the value loss on a fixed target falls),
+    and a fresh critic loaded from its checkpoint holds the same weights and takes the same step."""
     from rltune.engine.roles import build_critic
+    from rltune.engine.weights import full_state_dict
+    from rltune.train import checkpoint as ckpt
     from rltune.train.update import make_critic_loss, run_update
 
     r = _recipe("ppo")
@@ -632,3 +635,14 @@ def test_lora_critic_under_zero3_bf16_builds_and_learns(dist):
     losses = [run_update(critic, [exp], loss, r.algorithm.loss_agg) for _ in range(6)]
     assert not any(x.skipped for x in losses), [x.reason for x in losses]
     assert losses[-1].loss < 0.9 * losses[0].loss, [x.loss for x in losses]
+
+    path = ckpt.save(tmp_path, 6, {"critic": critic}, {"step": 6}, torch.Generator().manual_seed(1), 0, keep=1)
+    torch.manual_seed(123)                           # another value head and adapter init: the load replaces them
+    fresh = build_critic(r, "cpu", 10)
+    ckpt.load(path, {"critic": fresh}, torch.Generator(), 0)
+    a, b = full_state_dict(critic), full_state_dict(fresh)
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    after = [run_update(c, [exp], make_critic_loss(c, r), r.algorithm.loss_agg).loss for c in (critic, fresh)]
+    assert after[0] == after[1]
+    a, b = full_state_dict(critic), full_state_dict(fresh)
+    assert all(torch.equal(a[n], b[n]) for n in a)   # the optimizer state came back too
