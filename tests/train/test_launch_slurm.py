@@ -9,7 +9,7 @@ import os
 
 import yaml
 
-from trainlib import cli_env, read_metrics, run_cli, tiny_recipe
+from trainlib import cli_env, free_port, read_metrics, run_cli, tiny_recipe
 
 SHIMS = {
     # runs the script at once, as a 2-node allocation would, and says what sbatch says
@@ -52,7 +52,7 @@ def test_the_sbatch_script_trains_on_two_nodes_under_a_slurm_shim(tmp_path):
     path = tiny_recipe(tmp_path, "tiny-ppo.yaml", rollout__do_sample=False, trainer__max_steps=2, trainer__eval_every=0)
     bin_dir = _shims(tmp_path)
     env = cli_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SHIM_LOG=str(tmp_path / "shim.log"),
-                  RLTUNE_RDZV_PORT=str(_free_port()))
+                  RLTUNE_RDZV_PORT=str(free_port()))
     res = run_cli("launch", "slurm", path, "--nodes", "2", "--procs-per-node", "1", env=env, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Submitted batch job 4242" in res.stdout
@@ -94,9 +94,3 @@ def test_k8s_prints_a_pytorchjob(tmp_path):
     assert res.returncode == 1 and "--image" in res.stderr and "Traceback" not in res.stderr
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

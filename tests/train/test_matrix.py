@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from matrix_case import DEFAULTS as DEFAULT_FACTORS
-from trainlib import ROOT, cli_env
+from trainlib import ROOT, cli_env, free_port
 
 FACTORS = {
     "algo": ["ppo", "grpo", "rloo", "reinforce_pp"],
@@ -142,18 +142,12 @@ def _run(case: dict, ranks: int, out: Path) -> dict:
     cmd = [sys.executable, script, payload, str(out)]
     if ranks > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-               "--master_port", str(_free_port()), script, payload, str(out)]
+               "--master_port", str(free_port()), script, payload, str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=cli_env(OMP_NUM_THREADS="1"), cwd=ROOT)
     assert res.returncode == 0, res.stderr[-4000:]
     return json.loads((out / "result.json").read_text())
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _params(out: Path) -> dict:

@@ -6,20 +6,15 @@ global batch could differ, and it must not."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
-from trainlib import ROOT, cli_env, read_metrics, run_cli, tiny_recipe
+from trainlib import ROOT, cli_env, free_port, read_metrics, run_cli, tiny_recipe
 
 KEYS = ["reward/mean", "reward/std", "kl", "actor/loss", "actor/grad_norm", "critic/loss", "critic/grad_norm",
         "critic/explained_var", "response/length_mean", "actor/entropy"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_node_agents_on_localhost_equal_one_node_of_two_ranks(tmp_path):
@@ -31,7 +26,7 @@ def test_two_node_agents_on_localhost_equal_one_node_of_two_ranks(tmp_path):
 
     (tmp_path / "two").mkdir()
     two = tiny_recipe(tmp_path / "two", "tiny-ppo.yaml", **common)
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     cmd = [sys.executable, "-m", "rltune", "train", str(two), "--nnodes", "2", "--nproc", "1",
            "--rdzv-endpoint", endpoint, "--quiet"]
     nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
@@ -51,7 +46,7 @@ def test_nodes_with_different_recipes_are_refused_at_start(tmp_path):
     """One node started with another override: every rank refuses before building a model,
     naming the rank that differs; nothing is trained."""
     path = tiny_recipe(tmp_path, "tiny-ppo.yaml", trainer__max_steps=2, trainer__eval_every=0)
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     base = [sys.executable, "-m", "rltune", "train", str(path), "--nnodes", "2", "--nproc", "1",
             "--rdzv-endpoint", endpoint, "--quiet"]
     nodes = [subprocess.Popen(base + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
@@ -71,7 +66,7 @@ def test_a_node_that_never_joins_stops_the_job_with_the_fix(tmp_path):
 
     path = tiny_recipe(tmp_path, "tiny-ppo.yaml", trainer__rendezvous_timeout_s=10)
     t0 = time.monotonic()
-    res = run_cli("train", path, "--nnodes", "2", "--nproc", "1", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+    res = run_cli("train", path, "--nnodes", "2", "--nproc", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                   "--quiet", timeout=300)
     assert res.returncode == 3, res.stderr[-3000:]
     assert time.monotonic() - t0 < 120

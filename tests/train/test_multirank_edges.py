@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import socket
 
 import pytest
 
 from rltune.data import PromptSampler
+from trainlib import free_port
 
 
 def _ranks(n, bs, world, seed=7, drop_last=False):
@@ -84,10 +84,6 @@ def test_broadcast_int_one_rank_is_the_value():
     assert broadcast_int(123) == 123
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _broadcast_worker(rank, world, port, out_dir):
@@ -110,7 +106,7 @@ def test_broadcast_int_two_ranks_share_rank0s_value(tmp_path):
 
     import torch.multiprocessing as mp
 
-    mp.spawn(_broadcast_worker, args=(2, _free_port(), tmp_path), nprocs=2, join=True)
+    mp.spawn(_broadcast_worker, args=(2, free_port(), tmp_path), nprocs=2, join=True)
     values = [int((tmp_path / f"rank{r}").read_text()) for r in range(2)]
     assert values == [random.Random(0).randrange(2**31)] * 2
 
@@ -136,7 +132,7 @@ def test_shutdown_waits_for_every_rank_then_destroys_the_group(tmp_path):
     working (a barrier first), and every rank leaves with its process group destroyed."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_shutdown_worker, args=(2, _free_port(), tmp_path), nprocs=2, join=True)
+    mp.spawn(_shutdown_worker, args=(2, free_port(), tmp_path), nprocs=2, join=True)
     (a0, l0, init0), (a1, l1, init1) = [(tmp_path / f"rank{r}").read_text().split() for r in range(2)]
     assert float(l0) >= float(a1)   # rank 0 waited for rank 1 to arrive
     assert (init0, init1) == ("False", "False")

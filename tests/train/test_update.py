@@ -123,12 +123,10 @@ def test_rollout_correction_weights_reach_the_actor_loss(dist, mode, factor):
     assert abs(float(base)) > 1e-4
 
 
-@pytest.mark.parametrize("zero,shared", [(0, True), (1, True), (2, True), (2, False)])
-def test_gradients_added_early_are_exact_on_engines(dist, monkeypatch, zero, shared):
-    """Inside the update's forward the passes add gradients to .grad as backward reaches them (the
-    shared-prompt response pass's weights, a tied output layer's weight: train/shared_prompt.py),
-    beside the weight's own accumulation, on which DeepSpeed's ZeRO-1/2 hooks hang. On a tied model
-    (tiny-qwen2), one update equals the one without early adds (loss, gradient norm, weights)."""
+def tied_updates(zero: int, shared: bool, seed: int) -> tuple[list, list[dict], list[list[int]]]:
+    """One update of a tied model (tiny-qwen2) at ZeRO `zero`, with the gradients added early and
+    again without (`shared_prompt.into_grad` a no-op), from the same weights, on two groups of 4
+    samples: (both UpdateResults, both weights after, the first decoder layer's rows per call)."""
     import contextlib
 
     from rltune.engine.roles import build_actor
@@ -140,26 +138,37 @@ def test_gradients_added_early_are_exact_on_engines(dist, monkeypatch, zero, sha
     r = r.model_copy(update={"model": r.model.model_copy(update={"policy": "builtin:tiny-qwen2"}),
                              "actor": r.actor.model_copy(update={"zero_stage": zero}),
                              "train": r.train.model_copy(update={"share_prompts": shared})})
-    monkeypatch.setattr(shared_prompt, "MIN_SAVED_FLOP", 0.0)        # tiny prompts: share them all the same
-    exp = _experience(3)
+    exp = _experience(seed)
     exp.prompt_ids = exp.prompt_ids[:2].repeat_interleave(4, 0)      # two groups of 4 samples
-    knobs, results, params = Knobs(1e-2, 3e-2, 0.0, 0.2, 0.0), [], []
-    for early in (True, False):
-        if not early:
-            monkeypatch.setattr(shared_prompt, "into_grad", contextlib.nullcontext)
-        torch.manual_seed(0)
-        engine = build_actor(r, "cpu", 10)
-        head = engine.module.get_output_embeddings().weight
-        assert head is engine.module.get_input_embeddings().weight
-        rows = []                                                    # the first decoder layer's batch rows per call
-        hook = engine.module.model.layers[0].register_forward_pre_hook(lambda m, a, k: rows.append(
-            (a[0] if a else k["hidden_states"]).shape[0]), with_kwargs=True)
-        results.append(run_update(engine, [exp.select(torch.arange(0, 4)), exp.select(torch.arange(4, 8))],
-                                  make_actor_loss(engine, r, knobs), "token-mean"))
-        hook.remove()
-        assert (1 in rows) == shared, rows                           # a group's prompt computed once
-        params.append(_params(engine))
-    a, b = results
+    knobs, results, params, rows = Knobs(1e-2, 3e-2, 0.0, 0.2, 0.0), [], [], []
+    real, floor = shared_prompt.into_grad, shared_prompt.MIN_SAVED_FLOP
+    shared_prompt.MIN_SAVED_FLOP = 0.0                               # tiny prompts: share them all the same
+    try:
+        for early in (True, False):
+            shared_prompt.into_grad = real if early else contextlib.nullcontext
+            torch.manual_seed(0)
+            engine = build_actor(r, "cpu", 10)
+            assert engine.module.get_output_embeddings().weight is engine.module.get_input_embeddings().weight
+            rows.append([])
+            hook = engine.module.model.layers[0].register_forward_pre_hook(lambda m, a, k: rows[-1].append(
+                (a[0] if a else k["hidden_states"]).shape[0]), with_kwargs=True)
+            results.append(run_update(engine, [exp.select(torch.arange(0, 4)), exp.select(torch.arange(4, 8))],
+                                      make_actor_loss(engine, r, knobs), "token-mean"))
+            hook.remove()
+            params.append(_params(engine))
+    finally:
+        shared_prompt.into_grad, shared_prompt.MIN_SAVED_FLOP = real, floor
+    return results, params, rows
+
+
+@pytest.mark.parametrize("zero,shared", [(0, True), (1, True), (2, True), (2, False)])
+def test_gradients_added_early_are_exact_on_engines(dist, zero, shared):
+    """Inside the update's forward the passes add gradients to .grad as backward reaches them (the
+    shared-prompt response pass's weights, a tied output layer's weight: train/shared_prompt.py),
+    beside the weight's own accumulation, on which DeepSpeed's ZeRO-1/2 hooks hang. On a tied model
+    (tiny-qwen2), one update equals the one without early adds (loss, gradient norm, weights)."""
+    (a, b), params, rows = tied_updates(zero, shared, 3)
+    assert all((1 in r) == shared for r in rows), rows              # a group's prompt computed once
     assert abs(a.loss - b.loss) < 1e-6 and not a.skipped
     assert abs(a.grad_norm - b.grad_norm) < 1e-5 * max(1.0, b.grad_norm)
     for n in params[0]:
@@ -171,16 +180,12 @@ def test_gradients_added_early_are_exact_on_two_ranks(tmp_path, zero):
     """The same on two real ranks (ZeRO-1/2: DeepSpeed's gradient hooks and reductions), each with
     its own experience: both updates agree, and the ranks with each other."""
     import json
-    import socket
     import subprocess
     import sys
 
-    from trainlib import ROOT, cli_env
+    from trainlib import ROOT, cli_env, free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            str(ROOT / "tests" / "train" / "early_grads_case.py"), str(zero), str(tmp_path)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=cli_env(OMP_NUM_THREADS="1"), cwd=ROOT)
     assert res.returncode == 0, res.stderr[-4000:]

@@ -30,6 +30,15 @@ def tiny_recipe(tmp_path: Path, name: str = "tiny-grpo.yaml", **overrides) -> Pa
     return path
 
 
+def free_port() -> int:
+    """A localhost TCP port free right now (for torch.distributed's rendezvous)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def cli_env(**extra) -> dict:
     env = dict(os.environ)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # set by in-process runs

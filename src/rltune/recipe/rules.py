@@ -122,12 +122,17 @@ def _ratio_waived(r: Recipe) -> bool:
     return any(rid in r.lint.waive for rid in ("batch-ratio-low", "batch-ratio-high"))
 
 
+def _rows_cut_micro_batches(r: Recipe) -> bool:
+    """Whether train.micro_batch_size cuts the micro-batches (not train.max_tokens_per_micro_batch)."""
+    return r.train.max_tokens_per_micro_batch is None
+
+
 def _batch_ok(r: Recipe, rb: int, tb: int, mb: int, ratio: bool) -> bool:
     """Every divisibility rule holds for (rollout, train, micro) batch sizes (and the golden ratio, with `ratio`)."""
     g, w = r.algorithm.group_size, world(r)
     if rb % g or rb % w or (r.algorithm.name in GROUP_ALGOS and (rb // g) % w):
         return False
-    if tb % rb or tb % w or (r.train.max_tokens_per_micro_batch is None and (tb // w) % mb):
+    if tb % rb or tb % w or (_rows_cut_micro_batches(r) and (tb // w) % mb):
         return False
     return not ratio or BATCH_RATIO[0] <= tb // rb <= BATCH_RATIO[1]
 
@@ -162,7 +167,7 @@ def joint_batch_sizes(r: Recipe, ratio: Optional[bool] = None) -> Optional[tuple
             tb = rb * k
             share = tb // w
             mb = max(d for d in _divisors_of(share) if d <= mb0) if mb0 < share else share
-            if r.train.max_tokens_per_micro_batch is not None:
+            if not _rows_cut_micro_batches(r):
                 mb = mb0                    # the token budget cuts the micro-batches, not the rows
             if not _batch_ok(r, rb, tb, mb, ratio):
                 continue
@@ -240,7 +245,7 @@ def divisibility(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
         yield Hit("train.batch_size",
                   f"train.batch_size {tb} is not a multiple of rollout.batch_size {rb}: one step gathers whole generation calls",
                   fix)
-    if r.train.max_tokens_per_micro_batch is not None:
+    if not _rows_cut_micro_batches(r):
         if tb % w:                          # the token budget cuts micro-batches: any row count per rank
             yield Hit("train.batch_size", f"train.batch_size {tb} is not divisible by the {wtxt}", fix)
     elif tb % mb:

@@ -518,3 +518,6 @@ def _dry_run(recipe: Recipe, recipe_path: Path, fmt: str, quiet: bool, dist) -> 
 def _roles(c) -> list[str]:
     roles = ["actor"] + ["critic"] * (c.critic is not None) + ["reference"] * (c.reference is not None)
     return roles + [f"rollout ({c.rollout.name})"]
+
+
+__all__ = ["dry_run", "check_configs", "reduced", "Meter", "PHASES", "plan_groups", "pass_figures"]

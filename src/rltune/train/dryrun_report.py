@@ -93,4 +93,4 @@ def _size(n: int | None) -> str:
     return fmt_bytes(n)
 
 
-__all__ = ["dry_run", "check_configs", "reduced", "Meter", "PHASES", "plan_groups", "pass_figures"]
+__all__ = ["format_report"]
