@@ -95,6 +95,24 @@ def test_generation_ahead_on_cuda_keeps_the_schedule(tmp_path):
     assert (run / "final").is_dir()
 
 
+def test_ppo_with_selective_recompute_and_a_token_budget_trains_on_cuda(tmp_path):
+    """PPO on the GPU in bf16 with selective recompute in the actor and the critic and micro-batches
+    cut by tokens: every update finite and none skipped, more than one micro-batch per update, the
+    rollout and the actor agreeing, and the run's final checkpoint written."""
+    from rltune.recipe.schema import RolloutCfg
+
+    res, run = _train(tmp_path, "tiny-ppo.yaml", trainer__max_steps=3, trainer__eval_every=0, **LEAN)
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        for key in ("actor/loss", "critic/loss", "actor/grad_norm"):
+            assert math.isfinite(m[key]), (m["step"], key, m[key])
+        assert not m["actor/skipped_updates"]
+        assert m["rollout/logprob_diff_mean"] < RolloutCfg().logprob_tolerance
+        assert m["batch/micro_batches"] > 1, m["batch/micro_batches"]      # the budget cuts the update
+    assert (run / "final").is_dir()
+
+
 # ---------------------------------------------------------------- a real model learns
 
 def test_smollm2_grpo_learns_on_the_gpu(tmp_path):
@@ -119,9 +137,15 @@ def test_smollm2_grpo_learns_on_the_gpu(tmp_path):
 OVER, UNDER = 1.15, 0.5
 
 
-@pytest.mark.parametrize("name", ["quickstart.yaml", "tiny-ppo.yaml"])
-def test_plan_matches_measured_cuda_memory_per_phase(tmp_path, name):
-    res, run = _train(tmp_path, name, "--dry-run", "--format", "json")
+# the memory options (docs/memory.md): selective recompute in both roles, micro-batches cut by tokens
+LEAN = {"actor__gradient_checkpointing": "selective", "critic__gradient_checkpointing": "selective",
+        "train__max_tokens_per_micro_batch": 524}   # two longest sequences
+
+
+@pytest.mark.parametrize("name,overrides", [("quickstart.yaml", {}), ("tiny-ppo.yaml", {}), ("tiny-ppo.yaml", LEAN)],
+                         ids=["quickstart", "tiny-ppo", "tiny-ppo-selective-token-budget"])
+def test_plan_matches_measured_cuda_memory_per_phase(tmp_path, name, overrides):
+    res, run = _train(tmp_path, name, "--dry-run", "--format", "json", **overrides)
     report = json.loads(res.stdout)
     assert report["device"] == "cuda" and report["measure"].startswith("torch.cuda.max_memory_allocated")
     assert report["plan_error"] is None

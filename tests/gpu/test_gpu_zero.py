@@ -115,3 +115,36 @@ def test_zero_stage_makes_the_same_update_as_zero0(dist, zero):
         tol = 4 * 2 ** -8 * a0[n].abs() + LR / 10      # bf16: 8 significant bits
         bad = ((az[n] - a0[n]).abs() > tol).float().mean()
         assert bad < 0.01, f"{n}: {float(bad):.1%} of the weights differ beyond bf16 tolerance"
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_gradients_added_early_make_the_same_bf16_update(dist, zero):
+    """The update adds some gradients to .grad as backward reaches them (the shared-prompt response
+    pass's weights, a tied output layer: train/shared_prompt.py), beside DeepSpeed's own gradient
+    hooks. On CUDA in bf16 at every ZeRO stage (3: they stay off, the shared-prompt passes stay on)
+    one update of a tied model (tiny-qwen2, two groups of 4 sharing prompts) equals the one without
+    them: the same loss (the forward is the same), and the same update within bf16 rounding."""
+    from test_update import tied_updates
+
+    (a, b), (early, plain), rows = tied_updates(zero, True, 3, dist.device, "bf16", _weights)
+    assert all(1 in r for r in rows), rows                          # a group's prompt computed once
+    assert not a.skipped and not b.skipped, (a.reason, b.reason)
+    assert a.loss == pytest.approx(b.loss, rel=1e-6, abs=1e-7)
+    assert a.grad_norm == pytest.approx(b.grad_norm, rel=0.02), (a.grad_norm, b.grad_norm)
+    from rltune.models.loading import load_causal_lm
+
+    before = {n: w.detach().float().cpu() for n, w in                # the builtin model is seeded
+              load_causal_lm("builtin:tiny-qwen2", "bf16", "sdpa", "cuda").named_parameters()}
+    assert before.keys() == early.keys()
+    d_early = torch.cat([(early[n] - before[n]).flatten() for n in before])
+    d_plain = torch.cat([(plain[n] - before[n]).flatten() for n in before])
+    assert float(d_plain.abs().max()) > 1e-3, "the update did not move the weights"
+    cos = float(torch.nn.functional.cosine_similarity(d_early, d_plain, dim=0))
+    assert cos > 0.99, f"ZeRO {zero}: early adds changed the update's direction: cosine {cos:.4f}"
+    assert abs(float(d_early.norm()) / float(d_plain.norm()) - 1) < 0.05
+    lr = 1e-2                                                       # test_update's recipe
+    for n in early:
+        assert torch.isfinite(early[n]).all(), n
+        tol = 4 * 2 ** -8 * plain[n].abs() + lr / 10                # bf16: 8 significant bits
+        bad = ((early[n] - plain[n]).abs() > tol).float().mean()
+        assert bad < 0.01, f"ZeRO {zero} {n}: {float(bad):.1%} of the weights differ beyond bf16 tolerance"

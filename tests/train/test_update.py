@@ -123,10 +123,12 @@ def test_rollout_correction_weights_reach_the_actor_loss(dist, mode, factor):
     assert abs(float(base)) > 1e-4
 
 
-def tied_updates(zero: int, shared: bool, seed: int) -> tuple[list, list[dict], list[list[int]]]:
+def tied_updates(zero: int, shared: bool, seed: int, device: str = "cpu", precision: str = "fp32",
+                 weights=_params) -> tuple[list, list[dict], list[list[int]]]:
     """One update of a tied model (tiny-qwen2) at ZeRO `zero`, with the gradients added early and
     again without (`shared_prompt.into_grad` a no-op), from the same weights, on two groups of 4
-    samples: (both UpdateResults, both weights after, the first decoder layer's rows per call)."""
+    samples: (both UpdateResults, both weights after (`weights(engine)`), the first decoder layer's
+    rows per call). tests/gpu runs it on CUDA in bf16."""
     import contextlib
 
     from rltune.engine.roles import build_actor
@@ -137,8 +139,9 @@ def tied_updates(zero: int, shared: bool, seed: int) -> tuple[list, list[dict], 
     r = _recipe()
     r = r.model_copy(update={"model": r.model.model_copy(update={"policy": "builtin:tiny-qwen2"}),
                              "actor": r.actor.model_copy(update={"zero_stage": zero}),
-                             "train": r.train.model_copy(update={"share_prompts": shared})})
-    exp = _experience(seed)
+                             "train": r.train.model_copy(update={"share_prompts": shared}),
+                             "trainer": r.trainer.model_copy(update={"device": device, "precision": precision})})
+    exp = _experience(seed).to(device)
     exp.prompt_ids = exp.prompt_ids[:2].repeat_interleave(4, 0)      # two groups of 4 samples
     knobs, results, params, rows = Knobs(1e-2, 3e-2, 0.0, 0.2, 0.0), [], [], []
     real, floor = shared_prompt.into_grad, shared_prompt.MIN_SAVED_FLOP
@@ -147,7 +150,7 @@ def tied_updates(zero: int, shared: bool, seed: int) -> tuple[list, list[dict], 
         for early in (True, False):
             shared_prompt.into_grad = real if early else contextlib.nullcontext
             torch.manual_seed(0)
-            engine = build_actor(r, "cpu", 10)
+            engine = build_actor(r, device, 10)
             assert engine.module.get_output_embeddings().weight is engine.module.get_input_embeddings().weight
             rows.append([])
             hook = engine.module.model.layers[0].register_forward_pre_hook(lambda m, a, k: rows[-1].append(
@@ -155,7 +158,7 @@ def tied_updates(zero: int, shared: bool, seed: int) -> tuple[list, list[dict], 
             results.append(run_update(engine, [exp.select(torch.arange(0, 4)), exp.select(torch.arange(4, 8))],
                                       make_actor_loss(engine, r, knobs), "token-mean"))
             hook.remove()
-            params.append(_params(engine))
+            params.append(weights(engine))
     finally:
         shared_prompt.into_grad, shared_prompt.MIN_SAVED_FLOP = real, floor
     return results, params, rows
