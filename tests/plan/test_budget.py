@@ -293,13 +293,16 @@ def test_selective_checkpointing_by_hand():
 
 def test_large_vocabulary_logits_are_one_chunk(llama7b):
     """A 152k vocabulary: 2 x 513 response positions would be 1026 rows of logits; the output layer
-    runs in chunks of 2^24 // 151,936 = 110 rows (train/chunked_head.py), except under ZeRO-3."""
+    runs in chunks of 2^25 // 151,936 = 220 rows on CUDA and 2^24 // 151,936 = 110 on the CPU
+    (train/chunked_head.py), except under ZeRO-3."""
     V = 151_936
     (llama7b / "config.json").write_text(json.dumps({**LLAMA2_7B, "vocab_size": V}))
-    rows = (1 << 24) // V
-    assert rows == 110
+    rows = (1 << 25) // V
+    assert rows == 220
     plan = estimate(recipe_of(SEVEN_B.format(path=llama7b, zero=0, nproc=1)), Hardware("cuda", gpus=1))
     assert item(plan, "actor logits (log-prob pass + its gradient)") == rows * V * 2 * 2 + 3 * rows * V * 4
+    cpu = estimate(recipe_of(SEVEN_B.format(path=llama7b, zero=0, nproc=1)), Hardware("cpu"))
+    assert item(cpu, "actor logits (log-prob pass + its gradient)") == 110 * V * 2 * 2 + 3 * 110 * V * 4
     zero3 = estimate(recipe_of(SEVEN_B.format(path=llama7b, zero=3, nproc=8)), Hardware("cuda", gpus=8))
     assert item(zero3, "actor logits (log-prob pass + its gradient)") == 2 * 513 * V * 2 * 2 + 3 * (1 << 26) * 4
 

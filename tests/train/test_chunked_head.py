@@ -111,3 +111,13 @@ def test_no_grad_pass_matches(lm, monkeypatch):
     _small_chunks(monkeypatch, lm)
     torch.testing.assert_close(forward_logp(lm, mb, TEMPERATURE, micro=4, group=4, shared=True), whole,
                                rtol=0, atol=1e-5)
+
+
+def test_the_plan_counts_the_chunks_the_pass_makes():
+    """plan/budget.py (no torch) keeps its own copy of the chunk sizes: the same on each device."""
+    from rltune.plan import budget
+    from rltune.train import chunked_head
+
+    for device in ("cpu", "cuda"):
+        assert budget.head_chunk_elems(device) == chunked_head.chunk_elems(device)
+    assert chunked_head.chunk_elems("cuda") == 2 * chunked_head.chunk_elems("cpu") == 1 << 25

@@ -26,8 +26,15 @@ ZERO2_BUCKET = 500_000_000
 ZERO3_PREFETCH = 50_000_000
 # one (chunk, vocab) float32 block of the chunked log-prob (algo/logits.py CHUNK_ELEMS)
 LOGPROB_CHUNK_ELEMS = 1 << 26
-# one chunk of the output layer run in chunks (train/chunked_head.py HEAD_CHUNK_ELEMS)
+# one chunk of the output layer run in chunks (train/chunked_head.py HEAD_CHUNK_ELEMS; on CUDA
+# CUDA_CHUNK_FACTOR times that)
 HEAD_CHUNK_ELEMS = 1 << 24
+CUDA_CHUNK_FACTOR = 2
+
+
+def head_chunk_elems(device: str) -> int:
+    """Logits per chunk of the output layer on `device` ("cpu" | "cuda"): chunked_head.chunk_elems."""
+    return HEAD_CHUNK_ELEMS * (CUDA_CHUNK_FACTOR if device == "cuda" else 1)
 
 
 def train_state(total: int, trainable: int, precision: str, zero: int, world: int,
@@ -219,19 +226,19 @@ def forward_working(arch: Arch, micro: int, seq: int, dtype_bytes: int, attn: st
 
 
 def logits_bytes(arch: Arch, micro: int, response: int, dtype_bytes: int, backward: bool,
-                 chunked: bool = True) -> int:
+                 chunked: bool = True, device: str = "cpu") -> int:
     """The log-prob pass's logits (algo/logits.py, train/update.py): the model returns logits for
     the response tokens only (logits_to_keep = response + 1), (micro, response + 1, vocab) in the
     model's dtype; log-probs and entropies are computed in float32 chunks of at most 2^26 values
     (the chunk, its log-softmax and its softmax: 3 chunks live). The backward pass adds the
     logits' gradient (same size as the logits).
 
-    `chunked` (not under ZeRO-3): where those logits exceed HEAD_CHUNK_ELEMS, the output layer
+    `chunked` (not under ZeRO-3): where those logits exceed `head_chunk_elems(device)`, the output layer
     itself runs chunk by chunk (train/chunked_head.py), so one such chunk's logits, gradient and
     fp32 temporaries exist at a time, not the micro-batch's."""
     rows = micro * (response + 1)
     if chunked:
-        rows = min(rows, max(1, HEAD_CHUNK_ELEMS // arch.vocab))
+        rows = min(rows, max(1, head_chunk_elems(device) // arch.vocab))
     logits = rows * arch.vocab * dtype_bytes
     chunk = min(rows * arch.vocab, LOGPROB_CHUNK_ELEMS) * 4
     return logits * (2 if backward else 1) + 3 * chunk

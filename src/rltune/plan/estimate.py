@@ -319,11 +319,12 @@ def estimate(recipe, hw: Hardware) -> "Plan":
             "the response pass's weight gradients wait for the prompt pass's, unpartitioned: under ZeRO-3 "
             "they are not added early (docs/memory.md)", "actor pass")
     chunked = a.zero_stage != 3
-    logits = B.logits_bytes(arch, micro, T, b, backward=True, chunked=chunked)
+    device = "cpu" if cpu else "cuda"
+    logits = B.logits_bytes(arch, micro, T, b, backward=True, chunked=chunked, device=device)
     whole = B.logits_bytes(arch, micro, T, b, backward=True, chunked=False)
     add("actor logits (log-prob pass + its gradient)", logits, ("update",),
         f"{micro} x {T + 1} x vocab {arch.vocab} x {b} B, x2 for the gradient, + fp32 chunks" + by_tokens
-        + (f"; the output layer runs in chunks of {B.HEAD_CHUNK_ELEMS // arch.vocab} rows (whole: "
+        + (f"; the output layer runs in chunks of {B.head_chunk_elems(device) // arch.vocab} rows (whole: "
            f"{B.fmt_bytes(whole)})" if logits < whole else ""), "actor pass")
     if cpu:
         # glibc's malloc keeps what the update pass frees (an empirical term, docs/plan.md): the
@@ -342,7 +343,7 @@ def estimate(recipe, hw: Hardware) -> "Plan":
 
     # -- experience passes (one micro-batch at a time, no autograd)
     fwd = B.forward_working(arch, micro, seq, b, attn) + B.logits_bytes(arch, micro, T, b, backward=False,
-                                                                        chunked=a.zero_stage != 3)
+                                                                        chunked=a.zero_stage != 3, device=device)
     if needs_reference(recipe):
         if adapter_reference_ok(recipe):
             notes.append("reference = the actor with its adapter disabled (model.lora): no copy")

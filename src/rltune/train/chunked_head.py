@@ -33,6 +33,16 @@ from torch.utils.checkpoint import checkpoint
 from ..algo.logits import token_logprobs_entropy
 
 HEAD_CHUNK_ELEMS = 1 << 24     # logits per chunk of the output layer (110 positions of a 151,936 vocabulary)
+# On CUDA chunks are twice that (220 positions): with 110 the pass is bound by the host launching
+# each chunk's kernels. Measured on an H200 (benchmarks/bench_update_gpu.py, Qwen2.5-0.5B shape, 16
+# rows of 1024 + 512 tokens): selective 0.56 -> 0.41 s a pass for 1.24 -> 1.60 GiB; 4x (883
+# positions) was no faster and held 4.2 GiB. plan/budget.py counts the same.
+CUDA_CHUNK_FACTOR = 2
+
+
+def chunk_elems(device_type: str) -> int:
+    """Logits per chunk of the output layer on a device of `device_type` ("cpu", "cuda")."""
+    return HEAD_CHUNK_ELEMS * (CUDA_CHUNK_FACTOR if device_type == "cuda" else 1)
 
 
 def output_layer(model):
@@ -50,8 +60,8 @@ def output_layer(model):
 
 
 def chunk_rows(head) -> int:
-    """Rows per chunk: one chunk holds at most HEAD_CHUNK_ELEMS logits."""
-    return max(1, HEAD_CHUNK_ELEMS // head.weight.shape[0])
+    """Rows per chunk: one chunk holds at most `chunk_elems` logits on the layer's device."""
+    return max(1, chunk_elems(head.weight.device.type) // head.weight.shape[0])
 
 
 def worth_chunking(head, rows: int) -> bool:

@@ -108,23 +108,25 @@ def saves_enough(model, saved_tokens: float) -> bool:
 
 def pays_off(model, mb: Experience) -> bool:
     """`saves_enough` for a micro-batch: its repeated prompt rows, at their mean length."""
-    distinct = torch.unique(mb.prompt_ids, dim=0).shape[0]
-    return saves_enough(model, (mb.size - distinct) * float(mb.prompt_mask.sum()) / max(mb.size, 1))
+    distinct = torch.unique(mb.prompt_ids.cpu(), dim=0).shape[0]            # on the CPU: distinct_prompts says why
+    return saves_enough(model, (mb.size - distinct) * float(mb.prompt_mask.cpu().sum()) / max(mb.size, 1))
 
 
 def distinct_prompts(mb: Experience) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The distinct prompt rows of a micro-batch (same ids and same mask), as
     (uniq_ids (u, P'), uniq_mask (u, P'), inverse (b,)) with row i == uniq row inverse[i] and
     the prompt columns that are padding in every distinct row dropped (P' <= P)."""
-    P = mb.prompt_width
-    rows = torch.cat([mb.prompt_ids, mb.prompt_mask.long()], dim=1)        # (b, 2P)
+    P, device = mb.prompt_width, mb.prompt_ids.device
+    # on the CPU: torch.unique(dim=0) on CUDA sorts the rows lexicographically (~9 ms for 16 rows of
+    # 2 x 1024 on an H200) and waits for the GPU; one small copy is cheaper
+    rows = torch.cat([mb.prompt_ids, mb.prompt_mask.long()], dim=1).cpu()  # (b, 2P)
     uniq, inverse = torch.unique(rows, dim=0, return_inverse=True)         # (u, 2P), (b,)
     uniq_ids, uniq_mask = uniq[:, :P], uniq[:, P:]                         # (u, P) each
     used = uniq_mask.bool().any(dim=0)                                     # (P,) column real in some row
     uniq_ids, uniq_mask = uniq_ids[:, used], uniq_mask[:, used]            # (u, P')
     if uniq_mask.shape[1] == 0 or not bool(uniq_mask[:, -1].all()):
         raise ValueError("shared-prompt passes need left-padded, non-empty prompts")
-    return uniq_ids, uniq_mask, inverse
+    return uniq_ids.to(device), uniq_mask.to(device), inverse.to(device)
 
 
 def _inputs(mb: Experience):
