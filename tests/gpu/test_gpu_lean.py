@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpulib import GPU
-from test_shared_prompt import BATCHES, TEMPERATURE, _backward_grads, _batch, _Calls, _loss
+from test_shared_prompt import BATCHES, TEMPERATURE, _backward_grads, _batch, _loss, early_and_plain_grads
 
 pytestmark = GPU
 
@@ -78,23 +78,8 @@ def test_update_pass_gradients_equal_the_plain_pass_on_cuda(model, checkpointing
     """The update's pass (shared prompt, gradients added to .grad early, with and without selective
     recompute) leaves the plain unshared pass's .grad, on top of an earlier micro-batch's sum; with
     selective, backward really recomputes both passes."""
-    from rltune.train import shared_prompt
-    from rltune.train.update import response_logits
-
     lm, mb = _lm(model), _batch(3).to("cuda")
-    params = [p for p in lm.parameters() if p.requires_grad]
-    existing = [torch.randn_like(p) for p in params]
-    plain = _backward_grads(lm, _loss(response_logits(lm, mb, TEMPERATURE), mb), existing)
-    with _checkpointing(lm, checkpointing):
-        calls = _Calls(lm)
-        try:
-            with shared_prompt.into_grad():
-                logits = shared_prompt.shared_response_logits(lm, mb, TEMPERATURE)
-            early = _backward_grads(lm, _loss(logits, mb), existing)
-        finally:
-            calls.handle.remove()
-    assert calls.rows == [3, mb.size] + ([mb.size, 3] if checkpointing else [])
-    assert all(type(w) is torch.nn.Parameter for w in lm.parameters())
+    plain, early = early_and_plain_grads(lm, mb, checkpointing, [torch.randn_like(p) for p in lm.parameters()])
     for (name, _), a, b in zip(lm.named_parameters(), plain, early):
         _close(b, a, name)
 

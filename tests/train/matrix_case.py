@@ -329,6 +329,15 @@ def main() -> int:
         tok = r.model_copy(update={"algorithm": r.algorithm.model_copy(
             update={"ratio_level": "token", "clip_range": 0.2, "clip_range_high": None})})
         objective = update.make_actor_loss(actors[0], tok, Knobs.from_recipe(tok), c.correction)
+    elif r.algorithm.ratio_level == "sequence" and r.algorithm.policy_loss == "ppo":
+        # GSPO's clip band (3e-4 / 4e-4 here) is far narrower than one Adam step moves a sequence's ratio.
+        # Past the band a sequence's gain is capped at eps * |A| while its loss is not (the pessimistic
+        # bound), so the clipped value after the step says little about the step's direction (cases 5 and
+        # 15 rose, fp32 too). At s_i = 1 (the first update) the clipped surrogate's gradient is the
+        # unclipped one's: the check evaluates that, with a band [0, 11] no step here leaves.
+        wide = r.model_copy(update={"algorithm": r.algorithm.model_copy(
+            update={"clip_range": 1.0, "clip_range_high": 10.0})})
+        objective = update.make_actor_loss(actors[0], wide, Knobs.from_recipe(wide), c.correction)
     before = global_loss(objective, exp, r.algorithm.loss_agg)
     res_one = update.run_update(actors[0], [exp], fn[0], r.algorithm.loss_agg)
     many = [exp.select(torch.tensor([i])) for i in range(exp.size)]

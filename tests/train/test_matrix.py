@@ -77,10 +77,10 @@ CASES = pairwise_cases()
 # the default subset: every algorithm, both rank counts, ZeRO 0-3, fp32 and bf16, every correction mode,
 # several epochs and several updates per step, micro-batches by rows and by tokens (by tokens on 2 ranks),
 # gradient checkpointing false, full and selective (selective on 2 ranks at ZeRO-3)
-# (test_the_default_cases_cover_their_claim). Not picked, failing in `make test-matrix`: cases 5 and 15
-# (GSPO's sequence ratio: Adam's first step raises that case's clipped objective, fp32 too: a first-order
-# claim the case's step is too large for). Cases 2 and 5 (PPO + LoRA + ZeRO-3 + bf16) failed earlier, when
-# the critic engine was built (ZeRO-3 flattened a bf16 value head with fp32 adapters); case 2 passes now.
+# (test_the_default_cases_cover_their_claim). Cases 5 and 15 (GSPO's sequence ratio) failed the objective
+# check until it evaluated the unclipped surrogate there (matrix_case.py says why); cases 2 and 5 (PPO +
+# LoRA + ZeRO-3 + bf16) failed earlier, when the critic engine was built (ZeRO-3 flattened a bf16 value
+# head with fp32 adapters). `make test-matrix` runs every case.
 DEFAULT_CASES = {4, 13, 14, 20, 21, 28}
 
 

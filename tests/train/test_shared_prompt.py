@@ -393,19 +393,14 @@ def _backward_grads(model, loss, existing=None):
     return out
 
 
-@pytest.mark.parametrize("checkpointing", [False, "selective"])
-@pytest.mark.parametrize("on_top", [False, True], ids=["from-none", "accumulated"])
-def test_early_accumulation_into_grad_equals_the_plain_pass(lm, checkpointing, on_top):
-    """Inside `into_grad()` (the update's forward) the response pass adds its weight gradients to
-    .grad as backward reaches them: .grad after backward equals the plain unshared pass's, whether
-    .grad held an earlier micro-batch's sum or nothing, with and without selective recompute."""
+def early_and_plain_grads(lm, mb, checkpointing, existing):
+    """.grad after the plain unshared pass, and after the update's pass (shared prompt, gradients added
+    early, `checkpointing` False or "selective"), each on top of `existing` (or from None); asserts
+    that both passes ran, and again in backward when selective. tests/gpu runs it on CUDA."""
     from rltune.models.checkpointing import _layers, enable_checkpointing
     from rltune.train import shared_prompt
     from rltune.train.update import response_logits
 
-    mb = _batch(3)
-    params = [p for p in lm.parameters() if p.requires_grad]
-    existing = [torch.randn_like(p) for p in params] if on_top else None
     plain = _backward_grads(lm, _loss(response_logits(lm, mb, TEMPERATURE), mb), existing)
     enable_checkpointing(lm, checkpointing)
     lm.train()                                               # HF recomputes in training mode only
@@ -422,6 +417,18 @@ def test_early_accumulation_into_grad_equals_the_plain_pass(lm, checkpointing, o
         lm.eval()
     assert calls.rows == [3, mb.size] + ([mb.size, 3] if checkpointing else [])   # recomputed when selective
     assert all(type(w) is torch.nn.Parameter for w in lm.parameters())   # the weights are back
+    return plain, early
+
+
+@pytest.mark.parametrize("checkpointing", [False, "selective"])
+@pytest.mark.parametrize("on_top", [False, True], ids=["from-none", "accumulated"])
+def test_early_accumulation_into_grad_equals_the_plain_pass(lm, checkpointing, on_top):
+    """Inside `into_grad()` (the update's forward) the response pass adds its weight gradients to
+    .grad as backward reaches them: .grad after backward equals the plain unshared pass's, whether
+    .grad held an earlier micro-batch's sum or nothing, with and without selective recompute."""
+    mb = _batch(3)
+    params = [p for p in lm.parameters() if p.requires_grad]
+    plain, early = early_and_plain_grads(lm, mb, checkpointing, [torch.randn_like(p) for p in params] if on_top else None)
     for a, b in zip(plain, early):
         assert (a is None) == (b is None)
         if a is not None:
