@@ -95,9 +95,7 @@ def main() -> None:
 
     import torch
 
-    from rltune.train import shared_prompt
-
-    from rltune.train import chunked_head
+    from rltune.train import chunked_head, shared_prompt
 
     model, mb = build(args)
     assert shared_prompt.shared_prompt_reason(model) is None and shared_prompt.pays_off(model, mb)
@@ -129,6 +127,7 @@ def main() -> None:
         for s in sides:
             sec, peak = statistics.median(times[s]), max(peaks[s])
             print(f"{s:<10} {sec:>8.3f} {sec / base:>9.2f}x {peak / 2**30:>9.2f} {n / sec:>10.0f}")
+
 
 if __name__ == "__main__":
     main()

@@ -5,13 +5,11 @@ rounding), and the chunked output layer lowers the measured CUDA peak, not only 
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from gpulib import GPU
-from test_shared_prompt import BATCHES, TEMPERATURE, _backward_grads, _batch, _loss, early_and_plain_grads
+from test_shared_prompt import BATCHES, TEMPERATURE, _backward_grads, _batch, checkpointing, early_and_plain_grads
 
 pytestmark = GPU
 
@@ -38,21 +36,6 @@ def _close(actual, expected, name, rtol=1e-3):
     other orders at other shapes, so rounding is looser than the CPU tests' 1e-4."""
     atol = max(1e-5, 1e-4 * float(expected.abs().max()))
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
-
-
-@contextlib.contextmanager
-def _checkpointing(lm, mode):
-    from rltune.models.checkpointing import _layers, enable_checkpointing
-
-    enable_checkpointing(lm, mode)
-    lm.train()                                               # HF recomputes in training mode only
-    try:
-        yield
-    finally:
-        lm.gradient_checkpointing_disable()
-        for layer in _layers(lm):
-            layer._can_checkpoint_with_cache = False
-        lm.eval()
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2"])
@@ -104,7 +87,7 @@ def test_tied_chunked_head_equals_the_plain_pass_on_cuda(monkeypatch, shared):
     plain = _backward_grads(lm, loss0)
     monkeypatch.setattr(chunked_head, "HEAD_CHUNK_ELEMS", 5 * lm.get_output_embeddings().weight.shape[0])
     assert chunked_head.worth_chunking(chunked_head.output_layer(lm), mb.size * (mb.response_width + 1))
-    with _checkpointing(lm, "selective"):
+    with checkpointing(lm, "selective"):
         with shared_prompt.into_grad():
             logp1, ent1, loss1 = run()
         early = _backward_grads(lm, loss1)
@@ -131,7 +114,7 @@ def test_every_memory_path_at_once_in_bf16(monkeypatch):
     logp0, loss0 = run(False)
     plain = torch.cat([g.float().flatten() for g in _backward_grads(lm, loss0)])
     monkeypatch.setattr(chunked_head, "HEAD_CHUNK_ELEMS", 5 * lm.get_output_embeddings().weight.shape[0])
-    with _checkpointing(lm, "selective"):
+    with checkpointing(lm, "selective"):
         with shared_prompt.into_grad():
             logp1, loss1 = run(True)
         lean = torch.cat([g.float().flatten() for g in _backward_grads(lm, loss1)])

@@ -114,7 +114,7 @@ def test_no_grad_pass_matches(lm, monkeypatch):
 
 
 def test_the_plan_counts_the_chunks_the_pass_makes():
-    """plan/budget.py (no torch) keeps its own copy of the chunk sizes: the same on each device."""
+    """The pass and the plan (plan/budget.py, no torch) size the chunks alike on each device."""
     from rltune.plan import budget
     from rltune.train import chunked_head
 

@@ -160,19 +160,31 @@ class _Calls:
             lambda _m, args: self.rows.append(args[0].shape[0]))
 
 
+@contextlib.contextmanager
+def checkpointing(lm, mode):
+    """`lm` with `mode` (False | "full" | "selective") on, in training mode (HF recomputes in training
+    mode only); no recompute and eval mode afterwards."""
+    from rltune.models.checkpointing import _layers, enable_checkpointing
+
+    enable_checkpointing(lm, mode)
+    lm.train()
+    try:
+        yield lm
+    finally:
+        lm.gradient_checkpointing_disable()
+        for layer in _layers(lm):
+            layer._can_checkpoint_with_cache = False
+        lm.eval()
+
+
 @pytest.fixture
 def selective(lm):
     """`lm` with selective checkpointing, in training mode; restored afterwards."""
-    from rltune.models.checkpointing import _layers, checkpointing_mode, enable_checkpointing
+    from rltune.models.checkpointing import checkpointing_mode
 
-    enable_checkpointing(lm, "selective")
-    lm.train()
-    assert checkpointing_mode(lm) == "selective"
-    yield lm
-    lm.gradient_checkpointing_disable()
-    for layer in _layers(lm):
-        layer._can_checkpoint_with_cache = False
-    lm.eval()
+    with checkpointing(lm, "selective"):
+        assert checkpointing_mode(lm) == "selective"
+        yield lm
 
 
 def test_selective_checkpointing_keeps_the_prompt_and_equals_the_plain_pass(selective):
@@ -393,29 +405,23 @@ def _backward_grads(model, loss, existing=None):
     return out
 
 
-def early_and_plain_grads(lm, mb, checkpointing, existing):
+def early_and_plain_grads(lm, mb, mode, existing):
     """.grad after the plain unshared pass, and after the update's pass (shared prompt, gradients added
-    early, `checkpointing` False or "selective"), each on top of `existing` (or from None); asserts
+    early, checkpointing `mode` False or "selective"), each on top of `existing` (or from None); asserts
     that both passes ran, and again in backward when selective. tests/gpu runs it on CUDA."""
-    from rltune.models.checkpointing import _layers, enable_checkpointing
     from rltune.train import shared_prompt
     from rltune.train.update import response_logits
 
     plain = _backward_grads(lm, _loss(response_logits(lm, mb, TEMPERATURE), mb), existing)
-    enable_checkpointing(lm, checkpointing)
-    lm.train()                                               # HF recomputes in training mode only
-    calls = _Calls(lm)
-    try:
-        with shared_prompt.into_grad():
-            logits = shared_prompt.shared_response_logits(lm, mb, TEMPERATURE)
-        early = _backward_grads(lm, _loss(logits, mb), existing)
-    finally:
-        calls.handle.remove()
-        lm.gradient_checkpointing_disable()
-        for layer in _layers(lm):
-            layer._can_checkpoint_with_cache = False
-        lm.eval()
-    assert calls.rows == [3, mb.size] + ([mb.size, 3] if checkpointing else [])   # recomputed when selective
+    with checkpointing(lm, mode):
+        calls = _Calls(lm)
+        try:
+            with shared_prompt.into_grad():
+                logits = shared_prompt.shared_response_logits(lm, mb, TEMPERATURE)
+            early = _backward_grads(lm, _loss(logits, mb), existing)
+        finally:
+            calls.handle.remove()
+    assert calls.rows == [3, mb.size] + ([mb.size, 3] if mode else [])   # recomputed when selective
     assert all(type(w) is torch.nn.Parameter for w in lm.parameters())   # the weights are back
     return plain, early
 

@@ -26,8 +26,11 @@ ZERO2_BUCKET = 500_000_000
 ZERO3_PREFETCH = 50_000_000
 # one (chunk, vocab) float32 block of the chunked log-prob (algo/logits.py CHUNK_ELEMS)
 LOGPROB_CHUNK_ELEMS = 1 << 26
-# one chunk of the output layer run in chunks (train/chunked_head.py HEAD_CHUNK_ELEMS; on CUDA
-# CUDA_CHUNK_FACTOR times that)
+# one chunk of the output layer run in chunks (train/chunked_head.py takes both from here). On CUDA
+# chunks are twice as large (220 positions of a 151,936 vocabulary): with 110 the pass was bound by
+# the host launching each chunk's kernels. Measured on an H200 (benchmarks/bench_update_gpu.py,
+# Qwen2.5-0.5B shape, 16 rows of 1024 + 512 tokens): selective 0.56 -> 0.41 s a pass for 1.24 ->
+# 1.60 GiB; at 4x (883 positions) selective was slower (0.49 s) and held 4.2 GiB.
 HEAD_CHUNK_ELEMS = 1 << 24
 CUDA_CHUNK_FACTOR = 2
 

@@ -252,6 +252,7 @@ def estimate(recipe, hw: Hardware) -> "Plan":
     from rltune.train.setup import needs_reference
 
     cpu = hw.device != "cuda"
+    device = "cpu" if cpu else "cuda"
     world = max(1, hw.gpus if not cpu else recipe.trainer.nproc * recipe.trainer.nnodes)
     arch = resolve_arch(recipe.model.policy, "model.policy")
     prec = recipe.trainer.precision
@@ -271,7 +272,7 @@ def estimate(recipe, hw: Hardware) -> "Plan":
             items.append(Item(name, int(nbytes), tuple(phases), note, group))
 
     # -- the process itself
-    engine, why = resolve_engine(recipe, "cuda" if not cpu else "cpu", world, arch)
+    engine, why = resolve_engine(recipe, device, world, arch)
     if cpu:
         rt = (CPU_RUNTIME_VLLM if engine == "vllm" else CPU_RUNTIME) + (CPU_RUNTIME_PEFT if lora is not None else 0)
         add("runtime (python, torch, deepspeed, transformers)", rt, ALL,
@@ -319,7 +320,6 @@ def estimate(recipe, hw: Hardware) -> "Plan":
             "the response pass's weight gradients wait for the prompt pass's, unpartitioned: under ZeRO-3 "
             "they are not added early (docs/memory.md)", "actor pass")
     chunked = a.zero_stage != 3
-    device = "cpu" if cpu else "cuda"
     logits = B.logits_bytes(arch, micro, T, b, backward=True, chunked=chunked, device=device)
     whole = B.logits_bytes(arch, micro, T, b, backward=True, chunked=False)
     add("actor logits (log-prob pass + its gradient)", logits, ("update",),
@@ -343,7 +343,7 @@ def estimate(recipe, hw: Hardware) -> "Plan":
 
     # -- experience passes (one micro-batch at a time, no autograd)
     fwd = B.forward_working(arch, micro, seq, b, attn) + B.logits_bytes(arch, micro, T, b, backward=False,
-                                                                        chunked=a.zero_stage != 3, device=device)
+                                                                        chunked=chunked, device=device)
     if needs_reference(recipe):
         if adapter_reference_ok(recipe):
             notes.append("reference = the actor with its adapter disabled (model.lora): no copy")
@@ -376,7 +376,7 @@ def estimate(recipe, hw: Hardware) -> "Plan":
     peak_phase = max(PHASES, key=lambda ph: phases[ph])
     peak = phases[peak_phase]
     capacity = hw.mem_bytes
-    return Plan(device="cpu" if cpu else "cuda", world=world, items=items, phases=phases, peak=peak,
+    return Plan(device=device, world=world, items=items, phases=phases, peak=peak,
                 peak_phase=peak_phase, capacity=capacity,
                 headroom=None if capacity is None else capacity - peak, arch=arch, engine=engine, kv=kv,
                 activations=activ, notes=notes)

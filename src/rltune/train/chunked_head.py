@@ -31,13 +31,12 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..algo.logits import token_logprobs_entropy
+from ..plan import budget
 
-HEAD_CHUNK_ELEMS = 1 << 24     # logits per chunk of the output layer (110 positions of a 151,936 vocabulary)
-# On CUDA chunks are twice that (220 positions): with 110 the pass is bound by the host launching
-# each chunk's kernels. Measured on an H200 (benchmarks/bench_update_gpu.py, Qwen2.5-0.5B shape, 16
-# rows of 1024 + 512 tokens): selective 0.56 -> 0.41 s a pass for 1.24 -> 1.60 GiB; 4x (883
-# positions) was no faster and held 4.2 GiB. plan/budget.py counts the same.
-CUDA_CHUNK_FACTOR = 2
+# logits per chunk of the output layer (110 positions of a 151,936 vocabulary), and on CUDA
+# CUDA_CHUNK_FACTOR times that: one definition, the plan's (plan/budget.py says why)
+HEAD_CHUNK_ELEMS = budget.HEAD_CHUNK_ELEMS
+CUDA_CHUNK_FACTOR = budget.CUDA_CHUNK_FACTOR
 
 
 def chunk_elems(device_type: str) -> int:
