@@ -14,10 +14,13 @@ share of the update, so order and grouping are irrelevant up to float rounding):
    (`Experience.trimmed`).
 4. Micro-batches hold `train.micro_batch_size` rows, or, with `train.max_tokens_per_micro_batch`,
    as many rows as a token budget holds (`pack`): in the length order of rule 2, greedily, so
-   that rows x (longest prompt + longest response), what the micro-batch's forward computes,
-   stays within the budget. A group stays whole where it fits the budget; a row longer than the
-   budget goes alone. The ranks then run as many micro-batches each (`even_out`): ZeRO's
-   collectives run in every forward and backward.
+   that what the micro-batch's forward computes stays within the budget: rows x (longest prompt
+   + longest response), or with `train.padding_free` (`packed.py`) the rows' real tokens, a
+   group's prompt once where the passes share it. A group stays whole where it fits the budget;
+   a row longer than the budget goes alone. The ranks then run as many micro-batches each
+   (`even_out`): ZeRO's collectives run in every forward and backward.
+
+A layout names how a micro-batch's tokens are counted: "padded", "packed" or "packed-shared".
 """
 
 from __future__ import annotations
@@ -53,28 +56,35 @@ def widths(exp: Experience, rows: torch.Tensor) -> tuple[list[int], list[int]]:
     return both[0], both[1]
 
 
-def pack(prompt: list[int], response: list[int], unit: int, budget: int) -> list[int]:
+def tokens(prompt: list[int], response: list[int], lo: int, hi: int, unit: int, layout: str = "padded") -> int:
+    """What a micro-batch of rows lo:hi computes, in tokens: rows x (longest prompt + longest
+    response) padded; the rows' prompt and response tokens packed; and packed-shared, each group's
+    prompt (rows of one `unit`, the same prompt) once."""
+    if layout == "padded":
+        return (hi - lo) * (max(prompt[lo:hi]) + max(response[lo:hi]))
+    if layout == "packed" or unit == 1:
+        return sum(prompt[lo:hi]) + sum(response[lo:hi])
+    starts = range(lo - lo % unit, hi, unit)                           # the groups rows lo:hi touch
+    return sum(max(prompt[max(s, lo):min(s + unit, hi)]) for s in starts) + sum(response[lo:hi])
+
+
+def pack(prompt: list[int], response: list[int], unit: int, budget: int, layout: str = "padded") -> list[int]:
     """Cut points of rows (in order; row i has `prompt[i]` prompt and `response[i]` response
-    columns) packed greedily into micro-batches of at most `budget` padded tokens, rows x (longest
-    prompt + longest response): [0, c1, ..., n], micro-batch j = rows cuts[j]:cuts[j+1]. Units of
-    `unit` consecutive rows (groups) join whole when they fit the budget, else row by row; a row
-    longer than the budget goes alone."""
+    columns) packed greedily into micro-batches of at most `budget` tokens as `tokens` counts them
+    in `layout`: [0, c1, ..., n], micro-batch j = rows cuts[j]:cuts[j+1]. Units of `unit`
+    consecutive rows (groups) join whole when they fit the budget, else row by row; a row longer
+    than the budget goes alone."""
     n = len(prompt)
     cuts = [0]
-    p = t = 0                               # longest prompt and response of the open micro-batch
 
     def join(lo: int, hi: int) -> None:
         """Rows lo:hi join the open micro-batch, or open the next one when they would overflow it."""
-        nonlocal p, t
-        lp, lt = max(prompt[lo:hi]), max(response[lo:hi])
-        if lo > cuts[-1] and (hi - cuts[-1]) * (max(p, lp) + max(t, lt)) > budget:
+        if lo > cuts[-1] and tokens(prompt, response, cuts[-1], hi, unit, layout) > budget:
             cuts.append(lo)
-            p = t = 0
-        p, t = max(p, lp), max(t, lt)
 
     for u in range(0, n, unit):
         end = min(u + unit, n)
-        if (end - u) * (max(prompt[u:end]) + max(response[u:end])) <= budget:
+        if tokens(prompt, response, u, end, unit, layout) <= budget:
             join(u, end)                    # the group fits a micro-batch: it stays whole
         else:
             for i in range(u, end):         # it does not: row by row
@@ -96,40 +106,42 @@ def even_out(cuts: list[int], count: int) -> list[int]:
 
 
 def cut(exp: Experience, rows: torch.Tensor, micro: int, unit: int,
-        max_tokens: int | None = None) -> list[Experience]:
+        max_tokens: int | None = None, layout: str = "padded") -> list[Experience]:
     """Micro-batches out of `rows`, sorted by length and trimmed: of `micro` rows, or packed
-    into `max_tokens` padded tokens (`pack`) and as many on every rank (`even_out`)."""
+    into `max_tokens` tokens of `layout` (`pack`) and as many on every rank (`even_out`)."""
     rows = _length_order(exp, rows, unit)
     n = rows.numel()
     if max_tokens is None:
         cuts = list(range(0, n, micro)) + [n]
     else:
-        cuts = pack(*widths(exp, rows), unit, max_tokens)
+        cuts = pack(*widths(exp, rows), unit, max_tokens, layout)
         cuts = even_out(cuts, int(global_max([float(len(cuts) - 1)])[0]))
     return [exp.select(rows[a:b]).trimmed() for a, b in zip(cuts, cuts[1:])]
 
 
 def micro_batches(exp: Experience, micro: int, update_size: int, gen: torch.Generator,
-                  group: int = 1, max_tokens: int | None = None) -> list[list[Experience]]:
+                  group: int = 1, max_tokens: int | None = None, layout: str = "padded") -> list[list[Experience]]:
     """Shuffle the step's experience by whole groups, cut it into updates of `update_size`
     sequences, each a list of length-sorted, trimmed micro-batches of `micro` sequences (or of
-    at most `max_tokens` padded tokens)."""
+    at most `max_tokens` tokens of `layout`)."""
     unit = group_rows(exp.size, group)
     if update_size % unit:
         unit = 1
     order = torch.randperm(exp.size // unit, generator=gen)                           # (groups,)
     rows = (order[:, None] * unit + torch.arange(unit)[None, :]).reshape(-1)           # (B,)
     rows = rows.to(exp.response_ids.device)
-    return [cut(exp, rows[u:u + update_size], micro, unit, max_tokens) for u in range(0, exp.size, update_size)]
+    return [cut(exp, rows[u:u + update_size], micro, unit, max_tokens, layout)
+            for u in range(0, exp.size, update_size)]
 
 
-def passes(exp: Experience, micro: int, group: int = 1, max_tokens: int | None = None) -> list[Experience]:
+def passes(exp: Experience, micro: int, group: int = 1, max_tokens: int | None = None,
+           layout: str = "padded") -> list[Experience]:
     """The whole experience as length-sorted, trimmed micro-batches (no shuffle): for the
     no-grad passes (reference, behaviour, values), whose outputs go back by `mb.index`."""
     if exp.index is None:
         exp.index = torch.arange(exp.size, device=exp.response_ids.device)
     unit = group_rows(exp.size, group)
-    return cut(exp, torch.arange(exp.size, device=exp.response_ids.device), micro, unit, max_tokens)
+    return cut(exp, torch.arange(exp.size, device=exp.response_ids.device), micro, unit, max_tokens, layout)
 
 
 def scatter(parts: list[tuple[Experience, torch.Tensor]], like: torch.Tensor) -> torch.Tensor:

@@ -62,6 +62,8 @@ from .update import (
     no_region,
     run_update,
     use_shared_prompts,
+    use_padding_free,
+    batch_layout,
 )
 
 
@@ -104,12 +106,12 @@ def compute_advantages(c: Components, exp: Experience, kl_coef: float) -> None:
 
 
 def micro_batches(exp: Experience, micro: int, update_size: int, gen: torch.Generator,
-                  group: int = 1, max_tokens: int | None = None) -> list[list[Experience]]:
+                  group: int = 1, max_tokens: int | None = None, layout: str = "padded") -> list[list[Experience]]:
     """Shuffle the step's experience by whole groups, cut it into updates of `update_size`
     sequences, each a list of length-sorted, trimmed micro-batches of `micro` sequences or of at
-    most `max_tokens` padded tokens (`batching`: exact, the accumulation weights make order and
-    grouping irrelevant)."""
-    return batching.micro_batches(exp, micro, update_size, gen, group, max_tokens)
+    most `max_tokens` tokens as `layout` counts them (`batching`: exact, the accumulation weights
+    make order and grouping irrelevant)."""
+    return batching.micro_batches(exp, micro, update_size, gen, group, max_tokens, layout)
 
 
 @dataclass
@@ -136,8 +138,8 @@ def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator, ma
     t0 = time.perf_counter()
     if c.reference is not None:
         with region("reference pass"):
-            exp.ref_logp = forward_logp(c.reference.module, exp, temp, micro, n,
-                                        use_shared_prompts(r, c.reference), budget)    # (B, T)
+            exp.ref_logp = forward_logp(c.reference.module, exp, temp, micro, n, use_shared_prompts(r, c.reference),
+                                        budget, use_padding_free(r, c.reference))      # (B, T)
     out.timings["timing/reference_s"] = time.perf_counter() - t0
 
     # 4. behaviour log-probs (an extra forward only when needed before the first update)
@@ -145,15 +147,15 @@ def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator, ma
     if needs_behavior_forward(r, exp.ref_logp is not None):
         c.actor.eval()
         with region("behaviour pass"):
-            exp.behavior_logp = forward_logp(c.actor.module, exp, temp, micro, n,
-                                             use_shared_prompts(r, c.actor), budget)   # (B, T)
+            exp.behavior_logp = forward_logp(c.actor.module, exp, temp, micro, n, use_shared_prompts(r, c.actor),
+                                             budget, use_padding_free(r, c.actor))     # (B, T)
 
     # 5. values
     if c.critic is not None:
         c.critic.eval()
         with region("value pass"):
-            exp.old_values = forward_values(c.critic.module, exp, micro, n,
-                                            use_shared_prompts(r, c.critic), budget)   # (B, T)
+            exp.old_values = forward_values(c.critic.module, exp, micro, n, use_shared_prompts(r, c.critic),
+                                            budget, use_padding_free(r, c.critic))     # (B, T)
     out.timings["timing/old_s"] = time.perf_counter() - t0
 
     # 6-7. KL and advantages
@@ -169,7 +171,7 @@ def learn(c: Components, exp: Experience, knobs: Knobs, gen: torch.Generator, ma
     update_size = max(1, r.train.batch_size // c.dist.world_size)
     counts = []                                           # micro-batches per update, on this rank
     for _epoch in range(r.train.ppo_epochs):
-        for mbs in micro_batches(exp, micro, update_size, gen, n, budget):
+        for mbs in micro_batches(exp, micro, update_size, gen, n, budget, batch_layout(r, c.actor)):
             counts.append(len(mbs))
             out.actor.append(run_update(c.actor, mbs, actor_loss, r.algorithm.loss_agg, region, "actor"))
             if critic_loss is not None:

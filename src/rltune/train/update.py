@@ -25,7 +25,7 @@ from ..algo import (
 )
 from ..recipe.knobs import Knobs
 from ..rollout.experience import Experience
-from . import chunked_head, shared_prompt
+from . import chunked_head, packed as padding_free, shared_prompt
 from .batching import passes, scatter
 from .collective import global_max, global_sum, world_size
 
@@ -227,12 +227,18 @@ def response_logits(model, mb: Experience, temperature: float = 1.0, shared: boo
     return logits if temperature == 1.0 else logits / temperature
 
 
-def response_logp_entropy(model, mb: Experience, temperature: float, shared: bool = False):
+def response_logp_entropy(model, mb: Experience, temperature: float, shared: bool = False,
+                          packed: bool = False):
     """(b, T) log-probs of the response tokens and (b, T) entropies at `temperature`, float32.
 
-    Where the micro-batch's logits would exceed one chunk (`chunked_head`), the output layer
+    `packed`: the rows padding-free in one sequence (`packed.py`; `shared`: a group's prompt once
+    in it). Where the micro-batch's logits would exceed one chunk (`chunked_head`), the output layer
     runs chunk by chunk inside the model call and no (b, T, V) logits exist; otherwise the
     logits of the whole micro-batch go through the fused chunked log-softmax. Both are exact."""
+    if packed:
+        lay = padding_free.layout(mb, shared)
+        if lay is not None:
+            return padding_free.logp_entropy(model, mb, lay, temperature)
     head = chunked_head.output_layer(model)
     T = mb.response_ids.shape[1]
     if not chunked_head.worth_chunking(head, mb.size * (T + 1)):
@@ -248,8 +254,12 @@ def response_logp_entropy(model, mb: Experience, temperature: float, shared: boo
     return out[..., 0], out[..., 1]
 
 
-def response_values(critic, mb: Experience, shared: bool = False) -> torch.Tensor:
-    """(b, T) float32 critic values before each response token."""
+def response_values(critic, mb: Experience, shared: bool = False, packed: bool = False) -> torch.Tensor:
+    """(b, T) float32 critic values before each response token (`packed`: padding-free)."""
+    if packed:
+        lay = padding_free.layout(mb, shared)
+        if lay is not None:
+            return padding_free.values(critic, mb, lay)
     if shared and shared_prompt.pays_off(critic, mb):
         return shared_prompt.shared_response_values(critic, mb)
     T = mb.response_ids.shape[1]
@@ -265,10 +275,25 @@ def use_shared_prompts(recipe, model) -> bool:
     response token, or with no prompt repeated: a group split by the budget) and hang."""
     if not recipe.train.share_prompts or recipe.algorithm.group_size < 2:
         return False
+    if use_padding_free(recipe, model):
+        return True                      # one call per micro-batch whatever it holds
     zero3 = getattr(model, "zero_optimization_stage", lambda: 0)() == 3
     if recipe.train.max_tokens_per_micro_batch and zero3 and world_size() > 1:
         return False
     return shared_prompt.shared_prompt_reason(model) is None
+
+
+def use_padding_free(recipe, model) -> bool:
+    """Whether the passes lay each micro-batch's rows end to end without padding
+    (`train.padding_free` and a model the dense packed mask is exact for: `packed.packed_reason`)."""
+    return recipe.train.padding_free and padding_free.packed_reason(model) is None
+
+
+def batch_layout(recipe, model) -> str:
+    """How `batching` counts a micro-batch's tokens against train.max_tokens_per_micro_batch for
+    `model`'s passes: "padded" (rows x longest), "packed" (real tokens) or "packed-shared" (real
+    tokens, a group's prompt once)."""
+    return _layout(use_padding_free(recipe, model), use_shared_prompts(recipe, model))
 
 
 def make_actor_loss(actor, recipe, knobs: Knobs, correction: str = "none",
@@ -284,13 +309,13 @@ def make_actor_loss(actor, recipe, knobs: Knobs, correction: str = "none",
     algo = recipe.algorithm
     temperature = recipe.logprob_temperature
     norm_len = recipe.rollout.max_new_tokens   # Dr.GRPO's constant (seq-mean-token-sum-norm)
-    shared = use_shared_prompts(recipe, actor)
+    shared, packed = use_shared_prompts(recipe, actor), use_padding_free(recipe, actor)
 
     def loss_fn(mb: Experience):
         mask = mb.train_mask                                           # (b, T) the model's tokens
         # log-prob + entropy at the log-prob temperature (no float32 copy of the logits; no
         # (b, T, V) logits at all where they would exceed one chunk)
-        logp, entropy = response_logp_entropy(actor, mb, temperature, shared)          # (b, T), (b, T)
+        logp, entropy = response_logp_entropy(actor, mb, temperature, shared, packed)  # (b, T), (b, T)
         if knobs.entropy_coef <= 0:
             entropy = entropy.detach()                                 # logged only
         behavior = mb.behavior_logp
@@ -324,10 +349,10 @@ def make_actor_loss(actor, recipe, knobs: Knobs, correction: str = "none",
 def make_critic_loss(critic, recipe):
     algo = recipe.algorithm
     norm_len = recipe.rollout.max_new_tokens
-    shared = use_shared_prompts(recipe, critic)
+    shared, packed = use_shared_prompts(recipe, critic), use_padding_free(recipe, critic)
 
     def loss_fn(mb: Experience):
-        values = response_values(critic, mb, shared)                   # (b, T) value before each token
+        values = response_values(critic, mb, shared, packed)           # (b, T) value before each token
         loss, stats = value_loss(values, mb.old_values, mb.returns, mb.train_mask, algo.value_clip,
                                  agg=algo.loss_agg, norm_len=norm_len)
         return loss, stats
@@ -337,19 +362,25 @@ def make_critic_loss(critic, recipe):
 
 @torch.no_grad()
 def forward_logp(model, exp: Experience, temperature: float, micro: int, group: int = 1,
-                 shared: bool = False, max_tokens: int | None = None) -> torch.Tensor:
+                 shared: bool = False, max_tokens: int | None = None, packed: bool = False) -> torch.Tensor:
     """(B, T) log-probs of the response tokens, without autograd, in length-sorted, trimmed
-    micro-batches of `micro` rows or `max_tokens` padded tokens (groups of `group` rows kept
-    together for the shared-prompt pass)."""
+    micro-batches of `micro` rows or `max_tokens` tokens (groups of `group` rows kept together
+    for the shared-prompt pass; `packed`: padding-free, the budget counting real tokens)."""
     out = []
-    for mb in passes(exp, micro, group, max_tokens):
-        out.append((mb, response_logp_entropy(model, mb, temperature, shared)[0]))      # (b, T')
+    for mb in passes(exp, micro, group, max_tokens, _layout(packed, shared)):
+        out.append((mb, response_logp_entropy(model, mb, temperature, shared, packed)[0]))  # (b, T')
     return scatter(out, exp.response_mask) * exp.train_mask
 
 
 @torch.no_grad()
 def forward_values(critic, exp: Experience, micro: int, group: int = 1, shared: bool = False,
-                   max_tokens: int | None = None) -> torch.Tensor:
+                   max_tokens: int | None = None, packed: bool = False) -> torch.Tensor:
     """(B, T) critic values before each response token, without autograd."""
-    out = [(mb, response_values(critic, mb, shared)) for mb in passes(exp, micro, group, max_tokens)]
+    out = [(mb, response_values(critic, mb, shared, packed))
+           for mb in passes(exp, micro, group, max_tokens, _layout(packed, shared))]
     return scatter(out, exp.response_mask) * exp.train_mask
+
+
+def _layout(packed: bool, shared: bool) -> str:
+    """`batch_layout`'s word for passes that are `packed` and `shared`."""
+    return ("packed-shared" if shared else "packed") if packed else "padded"
