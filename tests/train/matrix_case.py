@@ -16,6 +16,8 @@ ratio level and policy loss) and measures what must hold:
 - 1 x 8 == 8 x 1: fresh actors updated on the step's experience with one micro-batch per rank
   and with micro-batches of one sequence (with `train.max_tokens_per_micro_batch`: the budget's
   packing, `many_micro` micro-batches) end with the same weights (`accum_diff`);
+- padding-free passes (`train.padding_free`) are exact: the padded passes' 1 x 8 update ends at the
+  same weights (`packing_diff`);
 - the final actor weights (rank 0 writes them) so the test can compare 2 ranks with 1.
 The test reads OUT_DIR/result.json and OUT_DIR/params.pt.
 """
@@ -35,7 +37,7 @@ MICRO, PER_UPDATE, GROUP, NEW_TOKENS = 2, 8, 4, 6
 # the factors a case may leave out take these values (the matrix before they were factors)
 DEFAULTS = {"filter": False, "lora": "none", "ratio_level": "token", "policy_loss": "ppo",
             "mask_truncated": False, "overlong": False, "top_p": 1.0, "episodes": False, "stale": False,
-            "mb_tokens": None, "checkpointing": False}
+            "mb_tokens": None, "checkpointing": False, "padding_free": False}
 LORA = {"d0": {"r": 8, "alpha": 16, "dropout": 0.0}, "d05": {"r": 8, "alpha": 16, "dropout": 0.05}}
 
 
@@ -81,7 +83,7 @@ def recipe_for(case: dict):
                    "gradient_checkpointing": case["checkpointing"]},
         "rollout": rollout,
         "train": {"batch_size": PER_UPDATE, "micro_batch_size": MICRO, "ppo_epochs": case["epochs"],
-                  "updates_per_step": case["updates"], "max_tokens_per_micro_batch": case["mb_tokens"]},
+                  "updates_per_step": case["updates"], "max_tokens_per_micro_batch": case["mb_tokens"], "padding_free": case["padding_free"]},
         "trainer": {"precision": case["precision"], "seed": 0, "device": "cpu"},
     })
 
@@ -240,7 +242,7 @@ def global_loss(loss_fn, exp, agg) -> float:
     return global_sum([float(loss) * w])[0]
 
 
-def unshuffled(e, micro: int, size: int, gen, group: int = 1, max_tokens=None):
+def unshuffled(e, micro: int, size: int, gen, group: int = 1, max_tokens=None, layout: str = "padded"):
     """loop.micro_batches without the shuffle: the ranks' update u must hold the rows of the 1-rank
     update u. Micro-batches of `micro` rows as they come, or the budget's length-sorted packing of
     whole groups (`batching.cut`)."""
@@ -248,7 +250,7 @@ def unshuffled(e, micro: int, size: int, gen, group: int = 1, max_tokens=None):
 
     if max_tokens is not None:
         unit = batching.group_rows(size, group)
-        return [batching.cut(e, torch.arange(u, min(u + size, e.size)), micro, unit, max_tokens)
+        return [batching.cut(e, torch.arange(u, min(u + size, e.size)), micro, unit, max_tokens, layout)
                 for u in range(0, e.size, size)]
     return [[e.select(torch.arange(u + m, min(u + m + micro, u + size))) for m in range(0, size, micro)]
             for u in range(0, e.size, size)]
@@ -344,9 +346,11 @@ def main() -> int:
     if r.train.max_tokens_per_micro_batch:   # the budget's packing (uneven micro-batches, groups split)
         # where the budget holds this rank's whole batch (truncated responses masked out leave little of
         # it), half the batch's padded tokens splits it: 1 x N == N x 1 needs N > 1
+        layout = update.batch_layout(r, actors[1])       # padding-free: the budget counts real tokens
         p, t = batching.widths(exp, torch.arange(exp.size))
-        budget = min(r.train.max_tokens_per_micro_batch, max(1, exp.size * (max(p) + max(t)) // 2))
-        many = batching.cut(exp, torch.arange(exp.size), MICRO, GROUP, budget)
+        whole = batching.tokens(p, t, 0, exp.size, batching.group_rows(exp.size, GROUP), layout)   # prompt-major rows
+        budget = min(r.train.max_tokens_per_micro_batch, max(1, whole // 2))
+        many = batching.cut(exp, torch.arange(exp.size), MICRO, GROUP, budget, layout)
     res_many = update.run_update(actors[1], many, fn[1], r.algorithm.loss_agg)
     after = global_loss(objective, exp, r.algorithm.loss_agg)
     p_one, p_many = dict(iter_full_params(actors[0])), dict(iter_full_params(actors[1]))
@@ -359,6 +363,15 @@ def main() -> int:
         update.run_update(keeper, [exp], update.make_actor_loss(keeper, plain, knobs, c.correction), r.algorithm.loss_agg)
         p_plain = dict(iter_full_params(keeper))
         recompute_diff = max(float((p_one[n].float() - p_plain[n].float()).abs().max()) for n in p_one)
+    packing_diff = 0.0
+    if r.train.padding_free:
+        # padding-free passes are exact: the same 1 x 8 update by an actor whose passes are padded
+        padded = small.model_copy(update={"train": small.train.model_copy(update={"padding_free": False})})
+        assert update.use_padding_free(small, actors[0]) and not update.use_padding_free(padded, actors[0])
+        other = fresh_actor(padded, total)
+        update.run_update(other, [exp], update.make_actor_loss(other, padded, knobs, c.correction), r.algorithm.loss_agg)
+        p_padded = dict(iter_full_params(other))
+        packing_diff = max(float((p_one[n].float() - p_padded[n].float()).abs().max()) for n in p_one)
     moved = max(float((p_one[n].float() - init[n]).abs().max()) for n in p_one)
 
     params = {n: t.float().cpu().clone() for n, t in iter_full_params(c.actor)}
@@ -372,6 +385,7 @@ def main() -> int:
             "loss_before": before, "loss_after": after,
             "loss_one": res_one.loss, "loss_many": res_many.loss,
             "accum_diff": accum_diff, "moved": moved, "many_micro": len(many), "recompute_diff": recompute_diff,
+            "packing_diff": packing_diff,
             "behavior_err": behavior_err, "rollout_err": rollout_err,
             "trained_rows": int((exp.response_mask.sum(-1) > 0).sum()), "rows": exp.size,
             "sampled": sampled,

@@ -51,12 +51,14 @@ def test_layout_by_hand_unshared():
 
 
 def test_layout_declines_what_it_cannot_lay_out():
-    """A prompt with a hole, a response with a hole, an empty prompt: None (the plain pass runs)."""
+    """A prompt with a hole, a response with a hole, an empty prompt, no response token at all
+    (a micro-batch of rows masked out whole): None (the plain pass runs)."""
     from rltune.train.packed import layout
 
     holes = {"prompt": ("prompt_mask", torch.tensor([[1, 0, 1], [0, 1, 1]])),
              "response": ("response_mask", torch.tensor([[0., 1.], [1., 0.]])),
-             "empty prompt": ("prompt_mask", torch.tensor([[0, 0, 0], [0, 1, 1]]))}
+             "empty prompt": ("prompt_mask", torch.tensor([[0, 0, 0], [0, 1, 1]])),
+             "no response token": ("response_mask", torch.zeros(2, 2))}
     for name, (field, value) in holes.items():
         mb = _two_rows()
         setattr(mb, field, value)

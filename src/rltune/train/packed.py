@@ -101,15 +101,16 @@ class Packed:
 
 def layout(mb: Experience, share: bool) -> Packed | None:
     """`mb` padding-free (see the module docstring); rows with the same real prompt tokens share one
-    copy of them when `share`. None where a row's prompt is empty or a mask is not left-padded
-    (prompt) / right-padded (response): the plain pass runs there."""
+    copy of them when `share`. None where a row's prompt is empty, no row has a response token (the
+    outputs would be constants: no graph for backward) or a mask is not left-padded (prompt) /
+    right-padded (response): the plain pass runs there."""
     pm, rm = mb.prompt_mask.bool().cpu(), mb.response_mask.bool().cpu()                    # (b, P), (b, T)
     b, P = pm.shape
     T = rm.shape[1]
     p_len, r_len = pm.sum(-1), rm.sum(-1)                                                  # (b,), (b,)
     left = torch.arange(P)[None, :] >= (P - p_len)[:, None]                                # (b, P)
     right = torch.arange(T)[None, :] < r_len[:, None]                                      # (b, T)
-    if bool((p_len == 0).any()) or not torch.equal(pm, left) or not torch.equal(rm, right):
+    if bool((p_len == 0).any()) or not bool(r_len.any()) or not torch.equal(pm, left) or not torch.equal(rm, right):
         return None
     p_ids, r_ids = mb.prompt_ids.cpu().tolist(), mb.response_ids.cpu().tolist()
     p_len, r_len = p_len.tolist(), r_len.tolist()

@@ -239,6 +239,7 @@ def response_logp_entropy(model, mb: Experience, temperature: float, shared: boo
         lay = padding_free.layout(mb, shared)
         if lay is not None:
             return padding_free.logp_entropy(model, mb, lay, temperature)
+        shared = False      # the plain pass instead: one call, as on the ranks that packed
     head = chunked_head.output_layer(model)
     T = mb.response_ids.shape[1]
     if not chunked_head.worth_chunking(head, mb.size * (T + 1)):
@@ -260,6 +261,7 @@ def response_values(critic, mb: Experience, shared: bool = False, packed: bool =
         lay = padding_free.layout(mb, shared)
         if lay is not None:
             return padding_free.values(critic, mb, lay)
+        shared = False
     if shared and shared_prompt.pays_off(critic, mb):
         return shared_prompt.shared_response_values(critic, mb)
     T = mb.response_ids.shape[1]
