@@ -18,9 +18,12 @@ the warm-up through /proc/self/clear_refs), beside the RSS they started from:
      median sequence, what a micro-batch of typical rows holds, or the longest sequence if that is
      more: a budget below it leaves the longest rows over it, lint `micro-batch-tokens`)
   c  a uniform batch of the same total tokens, the same budget
+  d  the long-tail batch, the same budget, train.padding_free (the budget counts real tokens)
+  e  the uniform batch, the same budget, train.padding_free
 
 What to look for: with the budget, the peak is set by the budget and not by the longest row
-(b well under a, near c), and b's step time within 10% of c's.
+(b well under a, near c), and the long-tail step's time within 10% of the uniform one's (b vs c
+padded, d vs e padding-free).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 GROUP, PROMPT = 4, 32
-CONFIGS = {"a": ("long tail", "rows"), "b": ("long tail", "tokens"), "c": ("uniform", "tokens")}
+CONFIGS = {"a": ("long tail", "rows"), "b": ("long tail", "tokens"), "c": ("uniform", "tokens"),
+           "d": ("long tail", "packed"), "e": ("uniform", "packed")}
 
 
 def _status_kb(key: str) -> int:
@@ -117,7 +121,8 @@ def child(a) -> dict:
         "actor": {"lr": 1e-6, "warmup_steps": 0},
         "rollout": {"batch_size": a.rows, "max_new_tokens": max(lengths)},
         "train": {"batch_size": a.rows, "micro_batch_size": a.micro,
-                  "max_tokens_per_micro_batch": a.budget if cut == "tokens" else None},
+                  "max_tokens_per_micro_batch": a.budget if cut != "rows" else None,
+                  "padding_free": cut == "packed"},
         "trainer": {"seed": 0, "device": "cpu"},
     })
     dist = init_distributed("cpu")
@@ -150,10 +155,10 @@ def main() -> None:
     p.add_argument("--tail", type=int, default=8, help="the long rows' length, x the median")
     p.add_argument("--long", type=int, default=2, help="long rows in the batch")
     p.add_argument("--micro", type=int, default=4, help="train.micro_batch_size (config a)")
-    p.add_argument("--budget", type=int, help="train.max_tokens_per_micro_batch (b, c); default micro x (prompt + "
+    p.add_argument("--budget", type=int, help="train.max_tokens_per_micro_batch (b-e); default micro x (prompt + "
                                               "median), at least the longest sequence")
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--only", default="abc")
+    p.add_argument("--only", default="abcde")
     p.add_argument("--child", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -178,7 +183,8 @@ def main() -> None:
             out = subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout
             m = json.loads(out.strip().splitlines()[-1])
             batch, cut = CONFIGS[name]
-            how = f"{a.micro} rows" if cut == "rows" else f"{a.budget} tokens"
+            how = {"rows": f"{a.micro} rows", "tokens": f"{a.budget} tokens",
+                   "packed": f"{a.budget} tokens, padding-free"}[cut]
             gib = 1 << 20
             print(f"| {name} | {batch} | {how} | {m['tokens']} | {m['longest']} | {m['micro_batches']:g} | "
                   f"{m['seconds']:.2f} | {m['start_kb'] / gib:.2f} | {m['peak_kb'] / gib:.2f} | "

@@ -93,6 +93,10 @@ CASES = [
     ("micro-batch-tokens", MINIMAL, ["train.max_tokens_per_micro_batch=1000", "rollout.max_new_tokens=1024"],
      "warning", "set train.max_tokens_per_micro_batch: 1280",
      ["train.max_tokens_per_micro_batch=2560", "rollout.max_new_tokens=1024"]),
+    # padding-free passes need a dense mask (rules_memory.py)
+    ("padding-free-attention", MINIMAL, ["train.padding_free=true", "model.attn_implementation=flash_attention_2"],
+     "warning", "set model.attn_implementation: sdpa",
+     ["train.padding_free=true", "model.attn_implementation=sdpa"]),
 ]
 
 

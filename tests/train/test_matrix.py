@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from matrix_case import DEFAULTS as DEFAULT_FACTORS
+from matrix_case import DEFAULTS as DEFAULT_FACTORS, NEW_TOKENS
 from trainlib import ROOT, cli_env, free_port
 
 FACTORS = {
@@ -236,7 +236,10 @@ def test_matrix_case(case, tmp_path):
     # 1 x 8 accumulation == 8 x 1 (with a token budget: its packing): same loss, same weights (float-rounding apart)
     if case.get("mb_tokens"):
         assert res["many_micro"] > 1, res
-    assert res["loss_many"] == pytest.approx(res["loss_one"], rel=1e-4 if fp32 else 2e-2, abs=1e-6)
+    # token-sum sums the per-token terms instead of averaging them: float rounding grows with the tokens
+    # (case 25: 1.9e-6 on a loss of 0.0045 that is a sum of ~50 terms of either sign)
+    tokens = res["trained_rows"] * NEW_TOKENS if case["agg"] == "token-sum" else 1
+    assert res["loss_many"] == pytest.approx(res["loss_one"], rel=1e-4 if fp32 else 2e-2, abs=1e-6 * tokens)
     assert res["moved"] > 1e-3
     assert res["accum_diff"] <= (1e-5 if fp32 else 5e-3) * max(1.0, res["moved"] / 1e-3), res
     # recomputation (gradient checkpointing full / selective) makes the update of an actor that keeps its activations

@@ -200,6 +200,8 @@ def shared_prompts(recipe, arch: Arch, attn: str, micro: int, checkpointing) -> 
     second forward call: 2 x params x repeated prompt tokens >= MIN_SAVED_FLOP); 0 when they do not."""
     g = recipe.algorithm.group_size
     full = checkpointing and checkpointing != "selective"
+    if packed(recipe, arch, attn):
+        return 0                             # one padding-free sequence (pass_shape)
     if not recipe.train.share_prompts or g < 2 or full or attn not in SHARED_ATTENTION:
         return 0
     if arch.model_type not in SHARED_MODEL_TYPES:
@@ -208,6 +210,19 @@ def shared_prompts(recipe, arch: Arch, attn: str, micro: int, checkpointing) -> 
     if 2.0 * arch.params(active=True) * (micro - u) * recipe.data.max_prompt_length < SHARED_MIN_SAVED_FLOP:
         return 0
     return u
+
+
+def packed(recipe, arch: Arch, attn: str) -> bool:
+    """Whether the passes run padding-free (train/packed.py: train.padding_free, a verified model
+    type, SDPA or eager attention): a micro-batch is then counted as one sequence of its micro x seq
+    tokens, attended under a dense (tokens, tokens) mask, and no shared-prompt passes."""
+    return recipe.train.padding_free and attn in SHARED_ATTENTION and arch.model_type in SHARED_MODEL_TYPES
+
+
+def pass_shape(recipe, arch: Arch, attn: str, micro: int, seq: int) -> tuple[int, int]:
+    """(rows, tokens per row) a micro-batch's pass computes: (micro, seq), or padding-free one row
+    of micro x seq tokens (an upper bound: the real tokens, a group's prompt once)."""
+    return (1, micro * seq) if packed(recipe, arch, attn) else (micro, seq)
 
 
 def _mode_word(mode) -> str:
@@ -306,7 +321,10 @@ def estimate(recipe, hw: Hardware) -> "Plan":
     add("actor ZeRO buffers", B.zero_working(arch, trainable, prec, a.zero_stage), ("update",),
         "ZeRO-2 gradient bucket" if a.zero_stage == 2 else "ZeRO-3 gathered layer + prefetch", "actor pass")
     # each choice of actor.gradient_checkpointing, counted; the recipe's is the item
-    each = {m: B.activations(arch, micro, seq, b, m, attn, P, shared_prompts(recipe, arch, attn, micro, m))
+    rows, length = pass_shape(recipe, arch, attn, micro, seq)
+    if rows != micro:
+        by_tokens += f"; padding-free: one sequence of at most {length} tokens, a {length} x {length} mask"
+    each = {m: B.activations(arch, rows, length, b, m, attn, P, shared_prompts(recipe, arch, attn, micro, m))
             for m in (False, "full", "selective")}
     mode = a.gradient_checkpointing
     u = shared_prompts(recipe, arch, attn, micro, mode)
@@ -342,7 +360,8 @@ def estimate(recipe, hw: Hardware) -> "Plan":
              "selective": each["selective"], "attention": attn, "shared_prompts": u}
 
     # -- experience passes (one micro-batch at a time, no autograd)
-    fwd = B.forward_working(arch, micro, seq, b, attn) + B.logits_bytes(arch, micro, T, b, backward=False,
+    mask = length * length * (1 if attn == "sdpa" else b) if rows != micro else 0   # padding-free: the dense mask
+    fwd = mask + B.forward_working(arch, rows, length, b, attn) + B.logits_bytes(arch, micro, T, b, backward=False,
                                                                         chunked=chunked, device=device)
     if needs_reference(recipe):
         if adapter_reference_ok(recipe):
@@ -414,7 +433,8 @@ def _critic_items(recipe, world: int, cpu: bool, attn: str, add, notes) -> None:
     add("critic optimizer step: flat gradient copy", st["step"], ("update",), "", "critic step")
     add("critic ZeRO buffers", B.zero_working(carch, trainable, prec, c.zero_stage), ("update",), "", "critic pass")
     u = shared_prompts(recipe, carch, attn, micro, c.gradient_checkpointing)
-    add("critic activations", B.activations(carch, micro, seq, b, c.gradient_checkpointing, attn,
+    rows, length = pass_shape(recipe, carch, attn, micro, seq)
+    add("critic activations", B.activations(carch, rows, length, b, c.gradient_checkpointing, attn,
                                             recipe.data.max_prompt_length, u), ("update",),
         f"gradient_checkpointing {_mode_word(c.gradient_checkpointing)}"
         + (f"; shared-prompt passes: {u} distinct prompt(s) per micro-batch" if u else "")
@@ -422,7 +442,8 @@ def _critic_items(recipe, world: int, cpu: bool, attn: str, add, notes) -> None:
     if u and c.zero_stage == 3:
         add("critic gradients waiting (shared prompts, ZeRO-3)", trainable * b, ("update",),
             "the response pass's weight gradients wait for the prompt pass's (docs/memory.md)", "critic pass")
-    add("value pass", B.forward_working(carch, micro, seq, b, attn), ("experience",),
+    mask = length * length * (1 if attn == "sdpa" else b) if rows != micro else 0
+    add("value pass", mask + B.forward_working(carch, rows, length, b, attn), ("experience",),
         _budget_note(recipe, micro, seq).lstrip("; "), "value pass")
 
 

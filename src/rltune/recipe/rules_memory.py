@@ -94,3 +94,15 @@ def memory_budget(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
                                   f"({where}): allocator fragmentation can tip it over",
                   "leave 5% or more free: e.g. set actor.gradient_checkpointing: selective or a smaller "
                   "train.micro_batch_size (rltune plan shows the budget)", severity="warning")
+
+
+@rule("padding-free-attention", "warning",
+      "train.padding_free with model.attn_implementation flash_attention_2",
+      "the padding-free passes keep each row's attention within the row by a dense mask, which SDPA and eager "
+      "attention take and flash-attention does not (a varlen path is not built): the padded passes would run")
+def padding_free_attention(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    if r.train.padding_free and r.model.attn_implementation == "flash_attention_2":
+        yield Hit("train.padding_free",
+                  f"train.padding_free with model.attn_implementation flash_attention_2: "
+                  f"{RULES['padding-free-attention'].why}",
+                  "set model.attn_implementation: sdpa (or auto without flash-attn), or train.padding_free: false")

@@ -203,12 +203,20 @@ def startup_lines(c, run_dir: Path, resumed_step: int | None) -> list[str]:
     adapted = adaptation_of(c.actor).summary(c)   # LoRA: r, alpha, what trains, reference, sync
     if adapted:
         lines.append(adapted)
+    from .packed import packed_reason
+
+    packed = packed_reason(c.actor) if r.train.padding_free else "train.padding_free is false"
     if r.algorithm.group_size > 1:
         from .shared_prompt import shared_prompt_reason
 
         reason = shared_prompt_reason(c.actor) if r.train.share_prompts else "train.share_prompts is false"
-        lines.append("shared-prompt passes: " + ("on (each prompt computed once per group)" if reason is None
-                                                  else f"off ({reason})"))
+        lines.append("shared-prompt passes: " + (f"off ({reason})" if not r.train.share_prompts or (reason and packed)
+                                                  else "on (each prompt computed once per group"
+                                                  + (" in the padding-free sequence)" if packed is None else ")")))
+    if r.train.padding_free:
+        lines.append("padding-free passes: " + ("on (each micro-batch's rows end to end; "
+                                                "train.max_tokens_per_micro_batch counts real tokens)"
+                                                if packed is None else f"off ({packed})"))
     if r.actor.gradient_checkpointing:
         from ..models.checkpointing import checkpointing_mode
 
