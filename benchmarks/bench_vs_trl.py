@@ -84,6 +84,9 @@ SIDES = {
     "rltune-hf-selective": ("rltune", "hf+selective"),
     "rltune-hf-full": ("rltune", "hf+full"),
     "rltune-hf-gc": ("rltune", "hf+full"),     # the name of earlier tables in docs/BENCHMARKS.md
+    # train.padding_free: each micro-batch's rows end to end, a group's prompt once (docs/training.md)
+    "rltune-hf-packed": ("rltune", "hf+packed"),
+    "rltune-hf-selective-packed": ("rltune", "hf+selective+packed"),
     "trl": ("trl", "default"),
     "trl-nogc": ("trl", "off"),
 }
@@ -107,8 +110,8 @@ def measure(cmd: list[str], env: dict, log: Path) -> dict:
 
 
 def run_rltune(engine: str, steps: int, out: Path) -> dict:
-    engine, _, gc = engine.partition("+")
-    extra = [f"actor.gradient_checkpointing={gc}"] if gc else []
+    engine, *options = engine.split("+")     # hf+selective, hf+packed, hf+selective+packed, ...
+    extra = ["train.padding_free=true" if o == "packed" else f"actor.gradient_checkpointing={o}" for o in options]
     cmd = [sys.executable, "-m", "rltune", "train", RECIPE, f"trainer.output_dir={out / 'run'}",
            f"rollout.engine={engine}", f"trainer.max_steps={steps}", *OVERRIDES, *extra, "--resume", "never", "--quiet"]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), HF_HUB_OFFLINE="1")

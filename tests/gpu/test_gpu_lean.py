@@ -174,3 +174,43 @@ def test_chunked_head_lowers_the_measured_cuda_peak(monkeypatch):
     assert chunked < 0.5 * whole, (whole, chunked)
     torch.testing.assert_close(logp_c, logp_w, rtol=0, atol=1e-4)
     _close(grad_c, grad_w, "lm_head.weight")
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2"])
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_padding_free_equals_the_plain_pass_on_cuda(model, batch, share):
+    """train.padding_free (train/packed.py): the rows end to end under a dense bool mask, which
+    CUDA's SDPA runs on its masked kernels; log-probs, entropies and gradients equal the padded pass."""
+    from rltune.train.packed import layout, packed_reason
+    from rltune.train.update import response_logp_entropy
+
+    lm, mb = _lm(model), BATCHES[batch]().to("cuda")
+    assert packed_reason(lm) is None and layout(mb, share) is not None
+    out = []
+    for packed in (False, True):
+        lm.zero_grad(set_to_none=True)
+        logp, ent = response_logp_entropy(lm, mb, TEMPERATURE, shared=share and packed, packed=packed)
+        mask = mb.response_mask
+        ((logp * mb.advantages * mask).sum() + 0.1 * (ent * mask).sum()).backward()
+        out.append((logp * mask, ent * mask, {n: p.grad.clone() for n, p in lm.named_parameters() if p.grad is not None}))
+    (plain_lp, plain_ent, plain_g), (lp, ent, g) = out
+    assert lp.device.type == "cuda"
+    torch.testing.assert_close(lp, plain_lp, rtol=0, atol=1e-4)
+    torch.testing.assert_close(ent, plain_ent, rtol=0, atol=1e-4)
+    assert plain_g.keys() == g.keys()
+    for name in plain_g:
+        _close(g[name], plain_g[name], name)
+
+
+def test_padding_free_bf16_on_cuda():
+    """bf16, padding-free with shared prompts against the padded pass: log-probs within bf16
+    rounding (0.02 nats)."""
+    from rltune.train.update import response_logp_entropy
+
+    lm, mb = _lm("tiny-llama", "bf16"), _batch(3).to("cuda")
+    with torch.no_grad():
+        plain, _ = response_logp_entropy(lm, mb, TEMPERATURE)
+        packed, _ = response_logp_entropy(lm, mb, TEMPERATURE, shared=True, packed=True)
+    mask = mb.response_mask
+    assert float(((packed - plain) * mask).abs().max()) < 0.02

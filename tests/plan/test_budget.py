@@ -291,6 +291,31 @@ def test_selective_checkpointing_by_hand():
     assert item(full, "actor activations") == (30 * 8 * 56 * 576 + 8 * 56 * 11_328 + 8 * 56 * 56) * 4
 
 
+def test_padding_free_by_hand():
+    """train.padding_free on the quickstart shape: the micro-batch is one sequence of 8 x 56 = 448 tokens
+    (an upper bound: a group's prompt once would make it 2 x 40 + 8 x 16 = 208), 11,328 values per token
+    and layer, + one 448 x 448 mask; no shared-prompt passes. The reference pass adds the same mask,
+    in bytes (SDPA's bool), to its one-layer working set."""
+    packed = estimate(recipe_of(QUICK.replace("micro_batch_size: 8}", "micro_batch_size: 8, padding_free: true}")),
+                      Hardware("cpu"))
+    assert item(packed, "actor activations") == (30 * 448 * 11_328 + 448 * 448) * 4
+    assert packed.activations["shared_prompts"] == 0
+    note = next(i.note for i in packed.items if i.name == "actor activations")
+    assert "padding-free: one sequence of at most 448 tokens" in note
+    plain = estimate(recipe_of(QUICK.replace("micro_batch_size: 8}", "micro_batch_size: 8, share_prompts: false}")),
+                     Hardware("cpu"))
+    assert item(packed, "reference pass") - item(plain, "reference pass") == 448 * 448
+
+
+def test_padding_free_conditions_match_the_trainer():
+    import importlib
+
+    from rltune.train import packed as P
+
+    E = importlib.import_module("rltune.plan.estimate")
+    assert E.SHARED_ATTENTION == P.PACKED_ATTENTION
+
+
 def test_large_vocabulary_logits_are_one_chunk(llama7b):
     """A 152k vocabulary: 2 x 513 response positions would be 1026 rows of logits; the output layer
     runs in chunks of 2^25 // 151,936 = 220 rows on CUDA and 2^24 // 151,936 = 110 on the CPU

@@ -89,10 +89,11 @@ DEFAULT_CASES = {0, 4, 5, 6, 7, 8}
 
 # episodes (rollout.env, docs/agents.md) enter the matrix as cases of their own: the same assertions on
 # experience whose responses alternate the model's turns with the environment's (attended, never
-# trained); every algorithm, both rank counts, ZeRO 0-3, fp32 and bf16, LoRA, several updates
+# trained); every algorithm, both rank counts, ZeRO 0-3, fp32 and bf16, LoRA, several updates, padded and
+# padding-free passes
 EPISODE_CASES = [
     {"algo": "grpo", "kl_mode": "loss", "estimator": "k3", "agg": "token-mean", "correction": "tis",
-     "precision": "fp32", "zero": 1, "ranks": 2, "epochs": 1, "updates": 2, "episodes": True},
+     "precision": "fp32", "zero": 1, "ranks": 2, "epochs": 1, "updates": 2, "episodes": True, "padding_free": True},
     {"algo": "ppo", "kl_mode": "reward", "estimator": "k1", "agg": "seq-mean-token-mean", "correction": "mis",
      "precision": "fp32", "zero": 0, "ranks": 1, "epochs": 2, "updates": 1, "lora": "d0", "episodes": True},
     {"algo": "rloo", "kl_mode": "reward", "estimator": "k2", "agg": "seq-mean-token-sum-norm", "correction": "none",
@@ -105,17 +106,18 @@ EPISODE_CASES += [
     {"algo": "grpo", "kl_mode": "loss", "estimator": "k3", "agg": "seq-mean-token-mean", "correction": "tis",
      "precision": "fp32", "zero": 2, "ranks": 2, "epochs": 2, "updates": 2, "episodes": "agent"},
     {"algo": "ppo", "kl_mode": "reward", "estimator": "k1", "agg": "token-mean", "correction": "mis",
-     "precision": "bf16", "zero": 1, "ranks": 1, "epochs": 1, "updates": 2, "lora": "d0", "episodes": "agent"},
+     "precision": "bf16", "zero": 1, "ranks": 1, "epochs": 1, "updates": 2, "lora": "d0", "episodes": "agent",
+     "padding_free": True},
 ]
 DEFAULT_EPISODE_CASES = {0, 1, 4}
 # generation ahead (rollout.asynchronous, docs/async.md) enters as cases of its own too: the experience
 # sampled by an older policy than the one that learns (the hf engine's weights moved off the actor's), so
 # the ratio's denominator must be the learner's own start-of-step policy (decoupled PPO), the sampler's
 # log-probs entering only through the correction weights; every algorithm, 1 and 2 ranks, ZeRO 0-3, fp32
-# and bf16, every correction mode, several updates and epochs, LoRA
+# and bf16, every correction mode, several updates and epochs, LoRA, padded and padding-free passes
 STALE_CASES = [
     {"algo": "grpo", "kl_mode": "loss", "estimator": "k3", "agg": "token-mean", "correction": "tis",
-     "precision": "fp32", "zero": 0, "ranks": 1, "epochs": 1, "updates": 2, "stale": True},
+     "precision": "fp32", "zero": 0, "ranks": 1, "epochs": 1, "updates": 2, "stale": True, "padding_free": True},
     {"algo": "ppo", "kl_mode": "reward", "estimator": "k1", "agg": "seq-mean-token-mean", "correction": "mis",
      "precision": "fp32", "zero": 2, "ranks": 2, "epochs": 2, "updates": 1, "stale": True},
     {"algo": "rloo", "kl_mode": "reward", "estimator": "k2", "agg": "token-sum", "correction": "none",

@@ -40,7 +40,7 @@ import torch
 from ..algo.logits import token_logprobs_entropy
 from ..rollout.experience import Experience
 from . import chunked_head
-from .shared_prompt import VERIFIED_MODEL_TYPES, _unwrap, tied_head_call
+from .shared_prompt import architecture_reason, tied_head_call, transformer
 
 PACKED_ATTENTION = ("sdpa", "eager")   # the implementations that take a dense 4D mask as given
 
@@ -48,22 +48,10 @@ PACKED_ATTENTION = ("sdpa", "eager")   # the implementations that take a dense 4
 def packed_reason(model) -> str | None:
     """None when the padding-free passes are exact for `model` (a causal LM, a ValueModel or a
     DeepSpeed engine around either), else a one-line reason why the plain passes run."""
-    m = _unwrap(model)
-    m = getattr(m, "backbone", m)
-    config = getattr(m, "config", None)
-    if config is None:
-        return "not a Hugging Face model (no config)"
-    if getattr(config, "is_encoder_decoder", False):
-        return "encoder-decoder model"
-    model_type = getattr(config, "model_type", None)
-    if model_type not in VERIFIED_MODEL_TYPES:
-        return f"model type {model_type!r} not verified for padding-free passes ({', '.join(VERIFIED_MODEL_TYPES)})"
-    if getattr(config, "sliding_window", None) is not None:
-        return f"sliding-window attention (sliding_window={config.sliding_window})"
-    layer_types = getattr(config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):
-        return f"not full attention in every layer ({sorted(set(layer_types))})"
-    attn = getattr(config, "_attn_implementation", None)
+    reason = architecture_reason(model, "padding-free passes")
+    if reason:
+        return reason
+    attn = getattr(transformer(model).config, "_attn_implementation", None)
     if attn not in PACKED_ATTENTION:
         return (f"attention implementation {attn!r} takes no dense mask ({', '.join(PACKED_ATTENTION)}; "
                 "a varlen flash-attention path is not built)")
@@ -157,8 +145,7 @@ def _unpack(packed: Packed, values: torch.Tensor, like: torch.Tensor) -> torch.T
 
 
 def _inputs(model, packed: Packed) -> dict:
-    m = _unwrap(model)
-    m = getattr(m, "backbone", m)
+    m = transformer(model)
     dtype = next(m.parameters()).dtype
     return {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
             "attention_mask": packed.attention_mask(m.config._attn_implementation, dtype)}

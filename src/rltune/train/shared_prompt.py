@@ -58,28 +58,43 @@ def _unwrap(model):
     return getattr(model, "module", model)
 
 
-def shared_prompt_reason(model) -> str | None:
-    """None when the shared-prompt passes are exact for `model` (a causal LM, a ValueModel, or
-    a DeepSpeed engine around either), else a one-line reason why they are not used."""
+def transformer(model):
+    """The Hugging Face transformer inside `model`: a DeepSpeed engine's `.module`, a ValueModel's
+    backbone, or `model` itself."""
     m = _unwrap(model)
-    m = getattr(m, "backbone", m)   # ValueModel: the transformer under the value head
-    config = getattr(m, "config", None)
+    return getattr(m, "backbone", m)   # ValueModel: the transformer under the value head
+
+
+def architecture_reason(model, passes: str) -> str | None:
+    """None when `model` is a decoder-only model of a verified type with full causal attention in
+    every layer, else a one-line reason why `passes` (its name, for the reason) are not used."""
+    config = getattr(transformer(model), "config", None)
     if config is None:
         return "not a Hugging Face model (no config)"
     if getattr(config, "is_encoder_decoder", False):
         return "encoder-decoder model"
     model_type = getattr(config, "model_type", None)
     if model_type not in VERIFIED_MODEL_TYPES:
-        return f"model type {model_type!r} not verified for shared-prompt passes ({', '.join(VERIFIED_MODEL_TYPES)})"
-    if checkpointing_mode(m) == "full":
-        # HF's checkpointed layers drop past_key_values in training: the cache would stay empty
-        return "gradient_checkpointing is full (Hugging Face drops the KV cache under it; selective keeps it)"
+        return f"model type {model_type!r} not verified for {passes} ({', '.join(VERIFIED_MODEL_TYPES)})"
     if getattr(config, "sliding_window", None) is not None:
         return f"sliding-window attention (sliding_window={config.sliding_window})"
     layer_types = getattr(config, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types):
         return f"not full attention in every layer ({sorted(set(layer_types))})"
-    attn = getattr(config, "_attn_implementation", None)
+    return None
+
+
+def shared_prompt_reason(model) -> str | None:
+    """None when the shared-prompt passes are exact for `model` (a causal LM, a ValueModel, or
+    a DeepSpeed engine around either), else a one-line reason why they are not used."""
+    reason = architecture_reason(model, "shared-prompt passes")
+    if reason:
+        return reason
+    m = transformer(model)
+    if checkpointing_mode(m) == "full":
+        # HF's checkpointed layers drop past_key_values in training: the cache would stay empty
+        return "gradient_checkpointing is full (Hugging Face drops the KV cache under it; selective keeps it)"
+    attn = getattr(m.config, "_attn_implementation", None)
     if attn not in VERIFIED_ATTENTION:
         return f"attention implementation {attn!r} not verified ({', '.join(VERIFIED_ATTENTION)})"
     return None
