@@ -292,19 +292,23 @@ def test_selective_checkpointing_by_hand():
 
 
 def test_padding_free_by_hand():
-    """train.padding_free on the quickstart shape: the micro-batch is one sequence of 8 x 56 = 448 tokens
-    (an upper bound: a group's prompt once would make it 2 x 40 + 8 x 16 = 208), 11,328 values per token
-    and layer, + one 448 x 448 mask; no shared-prompt passes. The reference pass adds the same mask,
-    in bytes (SDPA's bool), to its one-layer working set."""
-    packed = estimate(recipe_of(QUICK.replace("micro_batch_size: 8}", "micro_batch_size: 8, padding_free: true}")),
-                      Hardware("cpu"))
-    assert item(packed, "actor activations") == (30 * 448 * 11_328 + 448 * 448) * 4
+    """train.padding_free on the quickstart shape: the micro-batch is one sequence of its 2 groups'
+    40-token prompts once and 8 x 16 response tokens = 208 tokens, 11,328 values per token and layer,
+    + one 208 x 208 mask; no shared-prompt passes. Without train.share_prompts each row's prompt:
+    8 x 56 = 448 tokens. The reference pass adds the mask, in bytes (SDPA's bool), to its one-layer
+    working set of those tokens."""
+    def plan(extra):
+        return estimate(recipe_of(QUICK.replace("micro_batch_size: 8}", f"micro_batch_size: 8{extra}}}")),
+                        Hardware("cpu"))
+
+    packed, alone = plan(", padding_free: true"), plan(", padding_free: true, share_prompts: false")
+    assert item(packed, "actor activations") == (30 * 208 * 11_328 + 208 * 208) * 4
+    assert item(alone, "actor activations") == (30 * 448 * 11_328 + 448 * 448) * 4
     assert packed.activations["shared_prompts"] == 0
     note = next(i.note for i in packed.items if i.name == "actor activations")
-    assert "padding-free: one sequence of at most 448 tokens" in note
-    plain = estimate(recipe_of(QUICK.replace("micro_batch_size: 8}", "micro_batch_size: 8, share_prompts: false}")),
-                     Hardware("cpu"))
-    assert item(packed, "reference pass") - item(plain, "reference pass") == 448 * 448
+    assert "padding-free: one sequence of at most 208 tokens" in note
+    plain = plan(", share_prompts: false")
+    assert item(alone, "reference pass") - item(plain, "reference pass") == 448 * 448
 
 
 def test_padding_free_conditions_match_the_trainer():

@@ -221,8 +221,13 @@ def packed(recipe, arch: Arch, attn: str) -> bool:
 
 def pass_shape(recipe, arch: Arch, attn: str, micro: int, seq: int) -> tuple[int, int]:
     """(rows, tokens per row) a micro-batch's pass computes: (micro, seq), or padding-free one row
-    of micro x seq tokens (an upper bound: the real tokens, a group's prompt once)."""
-    return (1, micro * seq) if packed(recipe, arch, attn) else (micro, seq)
+    of the micro-batch's tokens at their longest: every row's response, and each prompt once per
+    group with train.share_prompts (ceil(micro / group) prompts), else once per row."""
+    if not packed(recipe, arch, attn):
+        return micro, seq
+    P, g = recipe.data.max_prompt_length, recipe.algorithm.group_size
+    prompts = -(-micro // g) if recipe.train.share_prompts and g > 1 else micro
+    return 1, prompts * P + micro * (seq - P)
 
 
 def _mode_word(mode) -> str:
