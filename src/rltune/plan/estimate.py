@@ -214,8 +214,8 @@ def shared_prompts(recipe, arch: Arch, attn: str, micro: int, checkpointing) -> 
 
 def packed(recipe, arch: Arch, attn: str) -> bool:
     """Whether the passes run padding-free (train/packed.py: train.padding_free, a verified model
-    type, SDPA or eager attention): a micro-batch is then counted as one sequence of its micro x seq
-    tokens, attended under a dense (tokens, tokens) mask, and no shared-prompt passes."""
+    type, SDPA or eager attention): a micro-batch is then counted as one sequence (`pass_shape`),
+    attended under a dense (tokens, tokens) mask, and no shared-prompt passes."""
     return recipe.train.padding_free and attn in SHARED_ATTENTION and arch.model_type in SHARED_MODEL_TYPES
 
 
@@ -228,6 +228,12 @@ def pass_shape(recipe, arch: Arch, attn: str, micro: int, seq: int) -> tuple[int
     P, g = recipe.data.max_prompt_length, recipe.algorithm.group_size
     prompts = -(-micro // g) if recipe.train.share_prompts and g > 1 else micro
     return 1, prompts * P + micro * (seq - P)
+
+
+def packed_mask_bytes(rows: int, micro: int, length: int, attn: str, dtype_bytes: int) -> int:
+    """A no-grad pass's dense mask where `pass_shape` made the micro-batch one sequence (rows !=
+    micro): bool for SDPA, the model's dtype for eager; 0 for padded passes."""
+    return length * length * (1 if attn == "sdpa" else dtype_bytes) if rows != micro else 0
 
 
 def _mode_word(mode) -> str:
@@ -365,9 +371,8 @@ def estimate(recipe, hw: Hardware) -> "Plan":
              "selective": each["selective"], "attention": attn, "shared_prompts": u}
 
     # -- experience passes (one micro-batch at a time, no autograd)
-    mask = length * length * (1 if attn == "sdpa" else b) if rows != micro else 0   # padding-free: the dense mask
-    fwd = mask + B.forward_working(arch, rows, length, b, attn) + B.logits_bytes(arch, micro, T, b, backward=False,
-                                                                        chunked=chunked, device=device)
+    fwd = (packed_mask_bytes(rows, micro, length, attn, b) + B.forward_working(arch, rows, length, b, attn)
+           + B.logits_bytes(arch, micro, T, b, backward=False, chunked=chunked, device=device))
     if needs_reference(recipe):
         if adapter_reference_ok(recipe):
             notes.append("reference = the actor with its adapter disabled (model.lora): no copy")
@@ -447,8 +452,8 @@ def _critic_items(recipe, world: int, cpu: bool, attn: str, add, notes) -> None:
     if u and c.zero_stage == 3:
         add("critic gradients waiting (shared prompts, ZeRO-3)", trainable * b, ("update",),
             "the response pass's weight gradients wait for the prompt pass's (docs/memory.md)", "critic pass")
-    mask = length * length * (1 if attn == "sdpa" else b) if rows != micro else 0
-    add("value pass", mask + B.forward_working(carch, rows, length, b, attn), ("experience",),
+    add("value pass", packed_mask_bytes(rows, micro, length, attn, b) + B.forward_working(carch, rows, length, b, attn),
+        ("experience",),
         _budget_note(recipe, micro, seq).lstrip("; "), "value pass")
 
 

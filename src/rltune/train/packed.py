@@ -109,6 +109,7 @@ def layout(mb: Experience, share: bool) -> Packed | None:
     keep: list[int] = []
     labels: list[int] = []
     out_row: list[int] = []
+    out_col: list[int] = []
     prompts: dict = {}                     # prompt key -> (segment, position of its last token, length)
     for i in range(b):
         prompt = p_ids[i][P - p_len[i]:]
@@ -128,7 +129,7 @@ def layout(mb: Experience, share: bool) -> Packed | None:
         keep += [last] + list(range(start, start + n_r - 1)) if n_r else []
         labels += r_ids[i][:n_r]
         out_row += [i] * n_r
-    out_col = [c for i in range(b) for c in range(r_len[i])]
+        out_col += range(n_r)
     device = mb.response_ids.device
 
     def t(x):
