@@ -61,7 +61,16 @@ def as_generator(prompts, completions, **kw):
     return (0.5 for _ in prompts)
 
 def huge(prompts, completions, **kw):
-    return [1e308 if p.startswith("b") else 1.0 for p in prompts]
+    return [1e10 if p.startswith("b") else 0.0 for p in prompts]
+
+def beyond_f32(prompts, completions, **kw):
+    return [1e39 if p.startswith("b") else 1.0 for p in prompts]
+
+def big(prompts, completions, **kw):
+    return [3e38 if p.startswith("b") else 1.0 for p in prompts]
+
+def bigger(prompts, completions, **kw):
+    return [3.2e38 if p.startswith("b") else 1.0 for p in prompts]
 '''
 
 PROMPTS = ["a1", "b2", "a3"]
@@ -227,9 +236,89 @@ def test_a_generator_of_scores_is_fine(rewards):
 
 
 def test_an_overflowing_sum_names_the_function_and_obeys_on_error(rewards, caplog):
-    # weight 2 on a finite 1e308: the sum is inf; the message names the function, sample 1 and the value
-    with pytest.raises(RewardError, match=r"sample 1 .*overflows to inf: reward function .*:huge returned 1e\+308"):
-        score(rewards("huge", weights=[2.0]))
+    # weight 1e300 on a finite 1e10: the sum is inf even in float64; the message names the
+    # function, sample 1, the value and the weight
+    with pytest.raises(RewardError, match=r"sample 1 .*overflows to inf: reward function .*:huge returned "
+                                          r"1e\+10 \(weight 1e\+300\)"):
+        score(rewards("huge", weights=[1e300]))
     with caplog.at_level(logging.WARNING, logger="rltune"):
-        assert score(rewards("huge", weights=[2.0], on_error="zero")) == [2.0, 0.0, 2.0]
+        assert score(rewards("huge", weights=[1e300], on_error="zero")) == [0.0, 0.0, 0.0]
     assert any("overflows" in r.getMessage() for r in caplog.records)
+
+
+# ---- float32: the trainer holds rewards in a float32 tensor, where a finite Python 1e39 is inf
+# (issue 44, item 6: that stopped the run with "check the reward model / normalisation")
+
+def test_a_score_beyond_float32_names_the_function_the_value_and_the_sample(rewards):
+    with pytest.raises(RewardError) as err:
+        score(rewards("beyond_f32"))
+    msg = str(err.value)
+    assert "rew.py:beyond_f32 returned 1e+39 for sample 1 (prompt 'b2')" in msg, msg
+    assert "float32" in msg and "fix:" in msg and "reward.on_error: zero" in msg, msg
+
+
+def test_a_score_beyond_float32_with_on_error_zero_scores_zero_and_warns(rewards, caplog):
+    with caplog.at_level(logging.WARNING, logger="rltune"):
+        assert score(rewards("beyond_f32", on_error="zero")) == [1.0, 0.0, 1.0]
+    assert "beyond_f32 returned 1e+39 for sample 1" in caplog.text and "scored 0" in caplog.text, caplog.text
+
+
+def test_a_score_at_float32s_limit_is_kept(rewards):
+    # 3e38 is large but float32 holds it: no error, the score as returned
+    assert score(rewards("big")) == [1.0, 3e38, 1.0]
+
+
+def test_a_weighted_sum_beyond_float32_names_the_larger_source(rewards, caplog):
+    # 3e38 + 3.2e38: both terms fit float32, the sum does not (finite in float64); the larger names it
+    rc = rewards("big")
+    rc.functions += rewards("bigger").functions
+    rc.weights = [1.0, 1.0]
+    with pytest.raises(RewardError) as err:
+        score(rc)
+    msg = str(err.value)
+    assert "sample 1 (prompt 'b2') overflows float32 at 6.2e+38" in msg, msg
+    assert "rew.py:bigger returned 3.2e+38 (weight 1)" in msg and "reward.on_error: zero" in msg, msg
+    rc.cfg = rc.cfg.model_copy(update={"on_error": "zero"})
+    with caplog.at_level(logging.WARNING, logger="rltune"):
+        assert score(rc) == [2.0, 0.0, 2.0]
+    assert "overflows float32" in caplog.text and "scored 0" in caplog.text
+
+
+def test_a_weight_that_takes_a_score_beyond_float32_is_named(rewards):
+    with pytest.raises(RewardError, match=r"sample 1 .*overflows float32 at 6e\+38.*:big returned 3e\+38 \(weight 2\)"):
+        score(rewards("big", weights=[2.0]))
+
+
+def test_the_normaliser_never_sees_a_score_beyond_float32(rewards):
+    rc = rewards("beyond_f32", normalize=True)
+    with pytest.raises(RewardError):
+        score(rc)
+    assert rc.moments.count == 0                       # raised before the running moments moved
+    rc = rewards("beyond_f32", normalize=True, on_error="zero")
+    out = score(rc)
+    assert rc.moments.count == 3 and rc.moments.mean == pytest.approx(2 / 3), rc.state_dict()
+    assert all(abs(v) < 10 for v in out), out
+    rc = rewards("big", weights=[2.0], normalize=True, on_error="zero")
+    score(rc)
+    assert rc.moments.mean == pytest.approx(2 * 2 / 3), rc.state_dict()    # the 6e38 sum was scored 0
+
+
+@pytest.mark.parametrize("source,name", [("model", "the reward model"), ("env", "the environment's reward")])
+@pytest.mark.parametrize("value,shown", [(1e39, "1e+39"), (float("nan"), "nan")])
+def test_reward_model_and_environment_scores_beyond_float32_are_named(source, name, value, shown, caplog):
+    values = [1.0, value, 1.0]
+    model = (lambda prompts, completions, conversations=None: values) if source == "model" else None
+    env = {"env_scores": values} if source == "env" else {}
+    for on_error in ("raise", "zero"):
+        rc = RewardComputer(RewardCfg(functions=[], on_error=on_error), reward_model=model,
+                            env_reward=source == "env", log=logging.getLogger("rltune"))
+        call = lambda: rc(PROMPTS, COMPLETIONS, {}, **env).scores
+        if on_error == "raise":
+            with pytest.raises(RewardError) as err:
+                call()
+            msg = str(err.value)
+            assert f"{name}" in msg and f"returned {shown} for sample 1 (prompt 'b2')" in msg and "fix:" in msg, msg
+        else:
+            with caplog.at_level(logging.WARNING, logger="rltune"):
+                assert call() == [1.0, 0.0, 1.0]
+            assert name in caplog.text and "scored 0" in caplog.text, caplog.text

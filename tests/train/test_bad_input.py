@@ -35,6 +35,17 @@ def test_reward_nan_names_sample(capfd, recipe_factory, tmp_path):
     _check(res, 1, "rew.py:nan", "returned nan for sample 0", "prompt")
 
 
+def test_reward_beyond_float32_names_function_and_value(capfd, recipe_factory, tmp_path):
+    # issue 44 item 6: 1e39 is finite in Python but inf in the trainer's float32 rewards; the run
+    # used to stop with "check the reward model / normalisation" though there was no reward model
+    (tmp_path / "rew.py").write_text(
+        "def huge(prompts, completions, **kw):\n    return [1e39] * len(prompts)\n")
+    path = recipe_factory(reward={"functions": [f"{tmp_path / 'rew.py'}:huge"]}, trainer__max_steps=2)
+    res = run_inproc(capfd, "train", path)
+    _check(res, 1, "rew.py:huge", "returned 1e+39 for sample 0", "float32", "reward.on_error")
+    assert "check the reward model" not in res.stderr, res.stderr[-3000:]
+
+
 def test_reward_on_error_zero_keeps_training(capfd, recipe_factory, tmp_path):
     (tmp_path / "rew.py").write_text(
         "def nan(prompts, completions, **kw):\n    return [float('nan')] * len(prompts)\n")

@@ -92,7 +92,7 @@ class RewardCfg(Section):
     max_length: int = F(1024, "Reward model max input length (prompt + response tokens).", ge=8, le=131072)
     normalize: bool = F(False, "Normalise rewards with a running mean/std over the global batch (all ranks) before advantages.")
     clip: Optional[float] = F(None, "Clip rewards to [-clip, clip] after normalisation.", gt=0, le=1e6)
-    on_error: Literal["raise", "zero"] = F("raise", "A reward function that raises or returns NaN: stop the run, or score 0 and warn.")
+    on_error: Literal["raise", "zero"] = F("raise", "A reward function that raises, or a score (function, reward model or environment) that is NaN, inf or beyond float32's range (|r| > 3.4e38, the trainer's reward type): stop the run, or score 0 and warn.")
     isolate: bool = F(False, "Run user reward functions (not builtins) in a worker process: one that exits (os._exit), crashes or exceeds reward.timeout is reported and handled by reward.on_error instead of ending the run.")
     timeout: float = F(60.0, "Seconds per reward-function call with reward.isolate; a call that takes longer is stopped and reported.", gt=0, le=86400)
     overlong: Optional[OverlongCfg] = F(None, "DAPO's soft overlong punishment (arXiv:2503.14476 sec. 3.4): a length penalty in the last buffer tokens before rollout.max_new_tokens, added to the training reward (not to eval); None = off.")

@@ -15,6 +15,22 @@ from .functions import (ERROR_FIX, EXIT_FIX, RewardError, load_reward_function, 
                         reward_file_path)
 
 
+# torch.finfo(torch.float32).max, without importing torch here: the trainer holds rewards in a
+# float32 tensor, where a larger Python float (finite in float64, e.g. 1e39) becomes inf.
+F32_MAX = 3.4028234663852886e38
+
+
+def fits_float32(v: float) -> bool:
+    """Whether the trainer's float32 reward tensor holds `v` as the number it is: finite, |v| <= F32_MAX."""
+    return math.isfinite(v) and abs(v) <= F32_MAX
+
+
+def _source(spec: str) -> str:
+    """The reward source a message names: raw's key "model" / "env", or a function's spec."""
+    return {"model": "the reward model", "env": "the environment's reward (rollout.env)"}.get(
+        spec, f"reward function {spec}")
+
+
 @dataclass
 class RunningMoments:
     """Running mean/std of rewards (Chan et al. parallel update), checkpointable."""
@@ -95,14 +111,25 @@ class RewardComputer:
             return self._on_error(f"reward function {spec} must return a list of floats, got {type(values).__name__}: {err}", len(prompts))
         if len(values) != len(prompts):
             return self._on_error(f"reward function {spec} returned {len(values)} values for {len(prompts)} completions", len(prompts))
+        return self._held(f"reward function {spec}", values, prompts,
+                          "make the function return finite floats in a sane range (e.g. |r| <= 1e6)")
+
+    def _held(self, source: str, values: list[float], prompts: list[str], fix: str) -> list[float]:
+        """`values` with each score float32 cannot hold (NaN, inf, or |v| > F32_MAX) raised as a
+        RewardError naming `source`, the value and the sample, or scored 0 (reward.on_error: zero).
+        The scores are Python floats here, where 1e39 is finite; the trainer holds them in float32,
+        where it is inf and used to stop the run with a message that named no source."""
         for i, v in enumerate(values):
-            if not math.isfinite(v):
-                msg = f"reward function {spec} returned {v} for sample {i} (prompt {prompts[i][:60]!r})"
-                if self.cfg.on_error == "raise":
-                    raise RewardError(msg + "\n  fix: make the function return finite floats, or set reward.on_error: zero")
-                if self.log:
-                    self.log.warning(msg + "; scored 0 (reward.on_error: zero)")
-                values[i] = 0.0
+            if fits_float32(v):
+                continue
+            msg = f"{source} returned {v} for sample {i} (prompt {prompts[i][:60]!r})"
+            if math.isfinite(v):
+                msg += f", beyond float32's range (|r| <= {F32_MAX:.3g}) that the trainer holds rewards in"
+            if self.cfg.on_error == "raise":
+                raise RewardError(f"{msg}\n  fix: {fix}, or set reward.on_error: zero")
+            if self.log:
+                self.log.warning(msg + "; scored 0 (reward.on_error: zero)")
+            values[i] = 0.0
         return values
 
     def _first_failing_sample(self, fn, prompts, completions, columns):
@@ -123,15 +150,17 @@ class RewardComputer:
         return [0.0] * n
 
     def _finite_sums(self, total: list[float], raw: dict[str, list[float]], prompts: list[str]) -> list[float]:
-        """Each sample's weighted sum must stay finite: finite scores can still overflow it (1e308 x 2).
+        """Each sample's weighted sum must stay within float32, the trainer's reward type: scores
+        float32 holds can still overflow it (3e38 + 3e38; a weight of 1e300 on 1e10 is inf even in float64).
         The source with the largest weighted score is named; reward.on_error applies as to a NaN."""
-        weights = dict(zip((spec for spec, _ in self.functions), self.weights), model=1.0)
+        weights = dict(zip((spec for spec, _ in self.functions), self.weights), model=1.0, env=1.0)
         for i, t in enumerate(total):
-            if math.isfinite(t):
+            if fits_float32(t):
                 continue
             spec = max(raw, key=lambda k: abs(weights.get(k, 1.0) * raw[k][i]))
-            source = "the reward model" if spec == "model" else f"reward function {spec}"
-            msg = (f"the reward of sample {i} (prompt {prompts[i][:60]!r}) overflows to {t}: {source} returned "
+            over = (f"overflows to {t}" if not math.isfinite(t) else
+                    f"overflows float32 at {t:g} (the trainer holds rewards in float32, |r| <= {F32_MAX:.3g})")
+            msg = (f"the reward of sample {i} (prompt {prompts[i][:60]!r}) {over}: {_source(spec)} returned "
                    f"{raw[spec][i]:g} (weight {weights.get(spec, 1.0):g})")
             if self.cfg.on_error == "raise":
                 raise RewardError(msg + "\n  fix: keep rewards in a sane range (e.g. |r| <= 1e6), or set "
@@ -163,12 +192,14 @@ class RewardComputer:
             total = [t + w * v for t, v in zip(total, values)]
         if self.reward_model is not None:
             values = [float(v) for v in self.reward_model(prompts, completions, conversations=conversations)]
-            raw["model"] = values
-            total = [t + v for t, v in zip(total, values)]
+            raw["model"] = self._held(_source("model"), values, prompts,
+                                      "check the reward model (reward.model) and its inputs")
+            total = [t + v for t, v in zip(total, raw["model"])]
         if env_scores is not None:      # an episode environment's own reward (rollout.env), weight 1
-            raw["env"] = [float(v) for v in env_scores]
+            raw["env"] = self._held(_source("env"), [float(v) for v in env_scores], prompts,
+                                    "make the environment's reward() return a finite float in a sane range")
             total = [t + v for t, v in zip(total, raw["env"])]
-        total = self._finite_sums(total, raw, prompts)
+        total = self._finite_sums(total, raw, prompts)  # before the normaliser: its moments see no overflow
         if not training:
             return RewardResult(total, raw)
         if self.cfg.normalize:
