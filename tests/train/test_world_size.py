@@ -10,7 +10,9 @@ learning rate too small to move an fp32 weight (1e-30), so
     v1 = b2 v0 + (1-b2) g^2. g is solved from m and must then satisfy v, element by element: moments
     put back in the wrong places (or not at all) break it;
   - the optimizer's step count goes on by one, and the sampler's global position by one step's
-    prompts, as on an uninterrupted run (no prompt seen twice or skipped)."""
+    prompts, as on an uninterrupted run (no prompt seen twice or skipped).
+bf16 at ZeRO-0 (issue 44): the same checks on the optimizer DeepSpeed keeps whole in the
+model-states file (no shards, nothing re-partitioned), 2 ranks -> 1."""
 
 from __future__ import annotations
 
@@ -149,3 +151,43 @@ def test_two_ranks_then_one_then_four_equals_uninterrupted(tmp_path):
     float noise grows to ~1e-4 relative by step 5 (actor/loss, a difference of O(1) terms, is ~1e-5
     itself); Adam state lost or misplaced in the hand-over moves these at the percent level."""
     _greedy_handovers(tmp_path, [(2, 2), (1, 3), (4, 5)], rel=1e-3, abs_=1e-4)
+
+
+def _whole(ckpt, role):
+    """A ZeRO-0 role's optimizer, kept whole by DeepSpeed in its model-states file (bf16 too:
+    DeepSpeed wraps the torch optimizer in FP16_UnfusedOptimizer, no per-rank shards): as _shards."""
+    ds = ckpt / role / "ds"
+    assert not list(ds.glob("*optim_states.pt")), sorted(p.name for p in ds.iterdir())
+    opt = torch.load(ds / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["optimizer"]
+    flat = torch.cat([w.reshape(-1) for group in opt["fp32_groups"] for w in group])
+    state = opt["optimizer_state_dict"]["state"]
+    ids = sorted(state)
+    m = torch.cat([state[i]["exp_avg"].reshape(-1) for i in ids])
+    v = torch.cat([state[i]["exp_avg_sq"].reshape(-1) for i in ids])
+    assert flat.shape == m.shape == v.shape
+    steps = {int(state[i]["step"]) for i in ids}
+    assert len(steps) == 1, steps
+    return 1, flat, m, v, steps.pop()
+
+
+def test_two_ranks_resume_on_one_bf16_zero0(tmp_path):
+    """bf16 at ZeRO-0 (actor and critic): DeepSpeed keeps the optimizer whole in the model-states
+    file, as in fp32 (issue 44: it was taken for a partitioned one and sent to the universal
+    converter, which found no shards: exit 1). 2 ranks for steps 1-2, 1 rank for step 3 at the tiny
+    lr: the fp32 master weights saved after the resume equal the 2-rank ones exactly, Adam's moments
+    are the saved ones advanced by one gradient, the step count goes on by one, and the sampler's
+    global position by one step's prompts."""
+    path = tiny_recipe(tmp_path, "tiny-ppo.yaml", trainer__max_steps=2, trainer__save_every=1,
+                       trainer__keep_checkpoints=10, trainer__eval_every=0, logging__sample_every=0,
+                       trainer__precision="bf16", actor__zero_stage=0, critic__zero_stage=0)
+    run = tmp_path / "run"
+    _train(path, 2)
+    res = _train(path, 1, "--resume", "auto", "--allow-recipe-change", "--set", "trainer.max_steps=3",
+                 *_tiny(("actor", "critic")))
+    assert "written by 2 rank(s), on 1" in res.stderr
+    for role in ("actor", "critic"):
+        _check_continues(_whole(_ckpt(run, 2), role), _whole(_ckpt(run, 3), role), 1, 1)
+    assert not list((run / "checkpoints").glob(".universal-*"))
+    cursors = [json.loads((_ckpt(run, s) / "state.json").read_text())["sampler"]["cursor"] for s in (1, 2, 3)]
+    assert [b - a for a, b in zip(cursors, cursors[1:])] == [64 // 4] * 2
+    assert [m["step"] for m in read_metrics(run)] == [1, 2, 3]

@@ -183,6 +183,12 @@ def load_tensors_only(path, map_location=None):
     with its name, never with torch's hint to pass `weights_only=False`."""
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError as err:
+        from ..errors import UserError
+
+        raise UserError(f"checkpoint file {path} is missing: the checkpoint does not hold what this run's engines "
+                        "load (another ZeRO stage or world size, or an altered checkpoint)\n  fix: resume from "
+                        "another checkpoint, or start fresh with --resume never") from err
     except Exception as err:  # noqa: BLE001
         from ..errors import UserError
 
@@ -235,8 +241,9 @@ def saved_world_size(path: Path, state: dict) -> int:
 
 def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
     """Restore engines and RNG from `path`; returns state.json's content. On another world size than
-    the checkpoint's (docs/scale.md, "Resume on another world size"): ZeRO-partitioned optimizer
-    state goes through DeepSpeed's universal checkpoint (world.py); the update shuffler continues
+    the checkpoint's (docs/scale.md, "Resume on another world size"): optimizer state saved one
+    shard per rank goes through DeepSpeed's universal checkpoint, a whole one (ZeRO-0, any
+    precision) loads as it is (world.py); the update shuffler continues
     rank 0's stream on every rank; each rank's sampling RNG starts afresh from (seed, step, rank)."""
     from . import world as ws
 
@@ -251,7 +258,9 @@ def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
                 adaptation = adaptation_of(engine)
                 adaptation.check_base(engine, path / name, name)   # LoRA: the base it was trained on
                 frozen = adaptation.checkpoint_frozen(engine)      # LoRA: the trainable parameters only
-                if other and ws.partitioned(engine):
+                # what the checkpoint holds decides (world.py): a whole optimizer (ZeRO-0, bf16 too)
+                # loads on any world size; shards written by other ranks are re-partitioned
+                if ws.sharded(path / name, engine, name, saved) and other:
                     ws.load_universal(engine, path / name, rank, loads.allowed, frozen)
                 else:
                     engine.load_checkpoint(str(path / name), tag="ds", load_optimizer_states=True,
