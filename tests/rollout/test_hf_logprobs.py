@@ -149,7 +149,7 @@ def test_prompts_prefilled_once_per_group_sample_the_same(setup, greedy, monkeyp
     out = {}
     for share in (True, False):
         engine.share_prompts = share
-        torch.manual_seed(1)
+        engine.seed(1)
         out[share] = engine.generate(prompts, s)
     engine.share_prompts = True
     a, b = out[True], out[False]
@@ -178,3 +178,67 @@ def test_truncated_sampling_reports_the_full_distribution(setup, temperature):
     top = logits.softmax(-1).topk(20, dim=-1).values
     kept_mass = torch.where(top.cumsum(-1) - top < 0.9, top, torch.zeros_like(top)).sum(-1)
     assert (kept_mass[kept] < 0.9).float().mean() > 0.5, "truncation kept (nearly) everything: the test lost its point"
+
+
+def _left_padded(engine, prompts):
+    P = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), P), engine.pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p):] = torch.tensor(p)
+        mask[i, P - len(p):] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 6, 0.9)])
+def test_own_rng_draws_what_generates_sampling_draws(setup, temperature, top_k, top_p):
+    """The engine's sampler (argmax of OwnRngSampling's output, its own generator) takes the same
+    tokens as `generate`'s own sampling with the global RNG in the same state: same distribution,
+    same draws; only the RNG is the engine's."""
+    from rltune.rollout.hf import generation_config
+
+    engine, prompts = setup
+    s = Sampling(n=1, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=10)
+    ids, mask = _left_padded(engine, prompts * 4)
+    torch.manual_seed(11)
+    with torch.no_grad():
+        theirs = engine.model.generate(input_ids=ids, attention_mask=mask,
+                                       generation_config=generation_config(s, sorted(engine.eos_ids), engine.pad_id))
+    engine.seed(11)
+    engine.share_prompts = False
+    try:
+        ours = engine.generate(prompts * 4, s)
+    finally:
+        engine.share_prompts = True
+    assert torch.equal(ours.response_ids[:, :theirs.shape[1] - ids.shape[1]], theirs[:, ids.shape[1]:])
+    _check(engine, ours, temperature)
+
+
+def test_sampling_ignores_the_global_rng_that_another_thread_rewinds(setup):
+    """Issue 44.1: gradient checkpointing replays torch's global RNG state in the trainer thread
+    while the producer thread samples. The engine's draws come from its own generator: the same
+    seed gives the same samples however often the global RNG is reset meanwhile."""
+    import threading
+
+    engine, prompts = setup
+    s = Sampling(n=4, temperature=1.0, max_new_tokens=12)
+    engine.seed(5)
+    quiet = engine.generate(prompts, s)
+    stop, saved = threading.Event(), torch.get_rng_state()
+
+    def rewind():          # what torch.utils.checkpoint does around every recompute
+        while not stop.is_set():
+            torch.set_rng_state(saved)
+            torch.rand(64)
+
+    t = threading.Thread(target=rewind)
+    t.start()
+    try:
+        engine.seed(5)
+        noisy = engine.generate(prompts, s)
+    finally:
+        stop.set()
+        t.join()
+    assert torch.equal(quiet.response_ids, noisy.response_ids)
+    engine.seed(6)
+    assert not torch.equal(engine.generate(prompts, s).response_ids, quiet.response_ids)

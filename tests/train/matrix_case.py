@@ -132,6 +132,8 @@ def global_experience(recipe, updates: int):
             for p in engine.model.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=g).to(p.dtype))
     torch.manual_seed(1234)
+    if hasattr(engine, "seed"):   # the hf engine samples with an RNG of its own
+        engine.seed(1234)
     drawn = sample_step(c)
     exp = drawn.batch.exp
     assert exp.size == updates * PER_UPDATE, exp.size
@@ -146,6 +148,14 @@ def global_experience(recipe, updates: int):
     if recipe.rollout.env:   # episodes: several turns each, the environment's tokens between them
         env_tokens = exp.response_mask - exp.train_mask
         assert float(env_tokens.sum()) > 0 and drawn.metrics["episode/turns_mean"] > 1, drawn.metrics
+    if recipe.rollout.env and recipe.reward.overlong is not None:
+        # every turn has its own rollout.max_new_tokens: an episode of turns short of the penalty's
+        # buffer is not punished, however long the episode (issue 44.2: it was, by its total)
+        pen = torch.tensor(drawn.batch.raw["overlong"])                                # (B,)
+        start = NEW_TOKENS - recipe.reward.overlong.buffer
+        short = exp.turn_lengths <= start                                             # (B,)
+        assert bool((short & (exp.train_mask.sum(-1) > NEW_TOKENS)).any()), "no long episode of short turns"
+        assert bool((pen[short] == 0).all()) and bool((pen[~short] < 0).all()), pen
     return exp, drawn.metrics
 
 

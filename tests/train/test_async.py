@@ -80,6 +80,57 @@ def test_every_trained_token_is_at_most_k_versions_old_and_the_task_learns(capfd
     assert first < 0.2 and last > 0.6, [round(x, 3) for x in rewards]
 
 
+def test_async_runs_with_recompute_and_the_chunked_head_are_equal_step_for_step(capfd, tmp_path, monkeypatch):
+    """Issue 44.1: the producer samples while the trainer's recomputes (full gradient checkpointing,
+    the output layer in chunks of 8 positions, each recomputed) fork, rewind and restore torch's
+    global RNG. Sampling has an RNG of its own: two seeded K = 1 runs are equal step for step
+    (before: different reward curves from step 2)."""
+    monkeypatch.setattr("rltune.train.chunked_head.HEAD_CHUNK_ELEMS", 8 * 77)   # 8 positions of tiny-llama's vocab
+    runs = []
+    for sub in ("a", "b"):
+        path = _recipe(tmp_path, sub, 1, trainer__max_steps=5, actor__gradient_checkpointing="full")
+        res = run_inproc(capfd, "train", path)
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs.append(read_metrics(tmp_path / sub / "run"))
+    assert [m["step"] for m in runs[0]] == [1, 2, 3, 4, 5]
+    assert _comparable(runs[0]) == _comparable(runs[1])
+
+
+def test_a_resume_then_a_checkpoint_records_where_each_batch_ahead_began(capfd, tmp_path):
+    """Issue 44.3, K = 2: a resume restores two batches generated ahead; the checkpoint after the
+    next step must say where the one still ahead began, as the uninterrupted run's says. It used
+    to record the current data position (past both): a resume from it that generates them again
+    (here: its in-flight file gone) skipped a step's prompts."""
+    import shutil
+
+    kw = dict(trainer__max_steps=5, trainer__save_every=1, trainer__keep_checkpoints=10)
+    res = run_inproc(capfd, "train", _recipe(tmp_path, "full", 2, **kw))
+    assert res.returncode == 0, res.stderr[-3000:]
+    full = tmp_path / "full" / "run"
+    state = lambda d, n: json.loads((d / "checkpoints" / f"step-{n:08d}" / "state.json").read_text())  # noqa: E731
+    assert state(full, 2)["async"]["inflight_steps"] == [3, 4]
+    # resumed from the uninterrupted run's step 2: steps 3 and 4 restored, then checkpoint 3 written
+    path = _recipe(tmp_path, "resumed", 2, **kw)
+    run_dir = tmp_path / "resumed" / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copytree(full / "checkpoints" / "step-00000002", run_dir / "checkpoints" / "step-00000002")
+    res = run_inproc(capfd, "train", path, "--resume", "auto")
+    assert res.returncode == 0, res.stderr[-3000:]
+    got, want = state(run_dir, 3)["async"], state(full, 3)["async"]
+    assert got["inflight_steps"] == want["inflight_steps"] == [4, 5]
+    assert got["sampler_before"] == want["sampler_before"] and got["before"] == want["before"]
+    # ... and a resume from it that must generate steps 4-5 again ends where the uninterrupted run ends
+    ckpt = run_dir / "checkpoints" / "step-00000003"
+    (ckpt / "inflight-rank0.pt").unlink()
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"].pop("inflight-rank0.pt")
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    res = run_inproc(capfd, "train", path, "--resume", str(ckpt))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "generated again (inflight-rank0.pt is missing)" in res.stderr
+    assert state(run_dir, 5)["sampler"] == state(full, 5)["sampler"]
+
+
 def _start(path: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "rltune", "train", str(path)], env=cli_env(), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -221,7 +272,8 @@ def test_a_rollback_discards_the_batches_generated_with_the_rolled_back_weights(
     generated ahead with the spiking weights is discarded, and the steps taken again start from
     batches sampled with the restored weights (lag 0, then the schedule's 1), none past the bound."""
     rollback = {"enabled": True, "mode": "act", "rollback": True, "rollback_every": 2, "max_rollbacks": 1}
-    path = _recipe(tmp_path, "rb", 1, trainer__max_steps=8, trainer__keep_checkpoints=10, autotune=rollback)
+    path = _recipe(tmp_path, "rb", 1, trainer__max_steps=8, trainer__keep_checkpoints=10, autotune=rollback,
+                   reward__normalize=True)
     res = run_inproc(capfd, "train", path, env=dict(RLTUNE_FAULTS="actor_inf@5,actor_inf@6"))
     assert res.returncode == 0, res.stderr[-3000:]
     assert "goes back to step 4" in res.stderr
@@ -230,3 +282,7 @@ def test_a_rollback_discards_the_batches_generated_with_the_rolled_back_weights(
     assert [x["async/staleness_max"] for x in m] == [0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
     assert all(x["async/dropped"] == 0 and x["async/regenerated"] == 0 for x in m)
     assert all(x["actor/skipped_updates"] == 0 for x in m[6:])
+    # issue 44.5: the reward normaliser counts the batches of the steps kept, 4 before the rollback and
+    # 4 after (as a synchronous run with the same rollback), not the batch checkpoint 4 had generated ahead
+    last = sorted((tmp_path / "rb" / "run" / "checkpoints").glob("step-*"))[-1]
+    assert json.loads((last / "state.json").read_text())["rewards"]["count"] == 8 * 64

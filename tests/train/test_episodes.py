@@ -242,3 +242,35 @@ def test_rollout_logprobs_equal_the_actors_on_every_generated_position(dist):
     lp = forward_logp(c.actor.module, exp, 1.0, 8)
     diff = ((lp - exp.rollout_logp).abs() * exp.loss_mask).max()
     assert float(diff) < 1e-4, float(diff)
+
+
+def test_the_overlong_penalty_and_clip_ratio_read_each_turn_not_the_episode():
+    """Issue 44.2: every assistant turn has its own rollout.max_new_tokens budget. Three complete
+    2-token turns under a 4-token budget (penalty buffer 2: it starts past 2 tokens) are neither
+    punished nor counted as clipped; the episode's 6 model tokens used to give reward/overlong -1
+    and response/clip_ratio 1. A turn that reaches the budget is punished, whatever turn it is."""
+    from rltune.reward import RewardResult
+    from rltune.train.episodes import play
+    from rltune.train.sampling import Scored, mask_truncated, score
+
+    def episode(turns):
+        r = Recipe.model_validate({**_recipe("builtin:guess", max_new_tokens=4).model_dump(exclude_unset=True),
+                                   "reward": {"functions": ["builtin:exact_answer"],
+                                              "overlong": {"buffer": 2, "penalty": 1.0}}})
+        c = _components(r, turns)
+        c.rewards = lambda prompts, completions, columns, **kw: RewardResult([0.0] * len(prompts), {})
+        c.train_set = SimpleNamespace(prompt_key="prompt")
+        ep = play(c, [{"prompt": "guess", "target": 9, "high": 16}], "prompt", 1)
+        s = score(c, Scored(ep.exp, ep.prompts, ep.completions, ep.rows, ep.conversations, {}, ep.env_scores))
+        mask_truncated(c, s.exp)
+        return s, int(s.exp.train_mask.sum()), r.rollout.max_new_tokens
+
+    s, model_tokens, budget = episode(["8", "3", "9"])          # "Higher." twice, then found
+    assert model_tokens == 6 > budget and s.exp.turn_lengths.tolist() == [2]
+    assert s.raw["overlong"] == [0.0]
+    assert not bool((s.exp.turn_lengths >= budget).any())       # response/clip_ratio counts no clipped row
+    s, _, _ = episode(["8", "3…", "9"])                         # turn 2: 1 token, no EOS (cut short of the budget)
+    assert s.raw["overlong"] == [0.0]
+    s, _, _ = episode(["8", "123…"])                            # turn 2 fills the budget without an EOS
+    long_turn = s.exp.turn_lengths.tolist()[0]
+    assert long_turn >= 3 and s.raw["overlong"][0] == pytest.approx(-min(1.0, (long_turn - 2) / 2))

@@ -95,7 +95,8 @@ EPISODE_CASES = [
     {"algo": "grpo", "kl_mode": "loss", "estimator": "k3", "agg": "token-mean", "correction": "tis",
      "precision": "fp32", "zero": 1, "ranks": 2, "epochs": 1, "updates": 2, "episodes": True, "padding_free": True},
     {"algo": "ppo", "kl_mode": "reward", "estimator": "k1", "agg": "seq-mean-token-mean", "correction": "mis",
-     "precision": "fp32", "zero": 0, "ranks": 1, "epochs": 2, "updates": 1, "lora": "d0", "episodes": True},
+     "precision": "fp32", "zero": 0, "ranks": 1, "epochs": 2, "updates": 1, "lora": "d0", "episodes": True,
+     "overlong": True},
     {"algo": "rloo", "kl_mode": "reward", "estimator": "k2", "agg": "seq-mean-token-sum-norm", "correction": "none",
      "precision": "bf16", "zero": 3, "ranks": 2, "epochs": 1, "updates": 1, "episodes": True},
     {"algo": "reinforce_pp", "kl_mode": "loss", "estimator": "abs", "agg": "token-sum", "correction": "tis",
@@ -117,7 +118,8 @@ DEFAULT_EPISODE_CASES = {0, 1, 4}
 # and bf16, every correction mode, several updates and epochs, LoRA, padded and padding-free passes
 STALE_CASES = [
     {"algo": "grpo", "kl_mode": "loss", "estimator": "k3", "agg": "token-mean", "correction": "tis",
-     "precision": "fp32", "zero": 0, "ranks": 1, "epochs": 1, "updates": 2, "stale": True, "padding_free": True},
+     "precision": "fp32", "zero": 0, "ranks": 1, "epochs": 1, "updates": 2, "stale": True, "padding_free": True,
+     "checkpointing": "full"},
     {"algo": "ppo", "kl_mode": "reward", "estimator": "k1", "agg": "seq-mean-token-mean", "correction": "mis",
      "precision": "fp32", "zero": 2, "ranks": 2, "epochs": 2, "updates": 1, "stale": True},
     {"algo": "rloo", "kl_mode": "reward", "estimator": "k2", "agg": "token-sum", "correction": "none",

@@ -30,6 +30,9 @@ class Experience:
     scores: Optional[torch.Tensor] = None        # (B,) reward per sequence
     truncated: Optional[torch.Tensor] = None     # (B,) bool, episodes: cut at rollout.max_turns or
                                                  # max_episode_tokens (None: from the EOS, truncated_rows)
+    turn_tokens: Optional[torch.Tensor] = None   # (B,) long, episodes: the model's longest turn, the length
+                                                 # each turn's rollout.max_new_tokens bounds (None: single-turn,
+                                                 # the row's trained tokens; see `turn_lengths`)
 
     # -- model outputs without autograd --
     ref_logp: Optional[torch.Tensor] = None      # (B, T) reference model log-probs
@@ -51,6 +54,13 @@ class Experience:
         """(B, T) the tokens in the loss, the KL, the entropy, the advantages and the token counts:
         the model's own. Environment and tool tokens of an episode are attended, never trained."""
         return self.response_mask if self.loss_mask is None else self.loss_mask
+
+    @property
+    def turn_lengths(self) -> torch.Tensor:
+        """(B,) the length that rollout.max_new_tokens bounds: a single-turn row's model tokens, an
+        episode's longest model turn (every turn has that budget; the episode as a whole has
+        rollout.max_episode_tokens). reward.overlong and response/clip_ratio measure this."""
+        return self.turn_tokens if self.turn_tokens is not None else self.train_mask.sum(-1)
 
     @property
     def prompt_width(self) -> int:
@@ -125,6 +135,8 @@ class Experience:
             out.versions = torch.cat([right(p.versions, T, -1) for p in parts])
         if all(p.truncated is not None for p in parts):
             out.truncated = torch.cat([p.truncated for p in parts])
+        if all(p.turn_tokens is not None for p in parts):
+            out.turn_tokens = torch.cat([p.turn_tokens for p in parts])
         if any(p.loss_mask is not None for p in parts):
             out.loss_mask = torch.cat([right(p.train_mask, T, 0) for p in parts])
         return out

@@ -12,10 +12,20 @@ top_p 0.8, repetition_penalty 1.05) and from transformers' own defaults (top_k 5
 samples would follow another distribution than the one whose log-probs the trainer uses.
 The engine therefore replaces its module's generation config with a fresh one and passes
 a complete config, built from the recipe, on every call.
+
+It draws its samples from a random generator of its own (`generator`, on the engine's device,
+seeded from (seed, rank) and saved in every checkpoint), never from torch's global one:
+`generate`'s own sampling calls `torch.multinomial` on the global RNG, which other code forks,
+rewinds and restores (gradient checkpointing and the chunked output layer replay it around
+every recompute). With generation ahead the producer thread samples while the trainer thread
+recomputes, and a shared RNG handed the producer draws it had already used. So the engine asks
+`generate` for argmax decoding and does the sampling itself as the last logits processor
+(`OwnRngSampling`: the same warpers, softmax and `torch.multinomial`, with its generator).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -46,6 +56,8 @@ class HFRollout:
         self.share_prompts = share_prompts and shared_prompt_reason(self.model) is None
         self.share_weights = True     # see `sync_weights`
         self.version = 0              # weight syncs done
+        # the sampling RNG (module docstring): seeded by the trainer (`seed`), in every checkpoint
+        self.generator = torch.Generator(device=device).manual_seed(0)
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = tokenizer.eos_token_id
@@ -83,9 +95,13 @@ class HFRollout:
         capture = SampledLogprobs(s.logprob_temperature, prompt_len=P)
         from transformers import LogitsProcessorList
 
+        # sampling is done by the last processor with the engine's own RNG; `generate` then takes
+        # the argmax of what it returns (a single finite score per row: the drawn token)
+        processors = [capture] if s.greedy else [capture, OwnRngSampling(s, self.generator)]
         sequences = self.model.generate(
-            input_ids=ids, attention_mask=mask, generation_config=generation_config(s, sorted(self.eos_ids), self.pad_id),
-            logits_processor=LogitsProcessorList([capture]), **kw)
+            input_ids=ids, attention_mask=mask,
+            generation_config=generation_config(dataclasses.replace(s, greedy=True), sorted(self.eos_ids), self.pad_id),
+            logits_processor=LogitsProcessorList(processors), **kw)
         response = sequences[:, P:]                                        # (B*n, T)
         if response.shape[1] == 0:  # nothing generated (max_new_tokens reached at once)
             response = torch.full((response.shape[0], 1), self.pad_id, dtype=torch.long, device=self.device)
@@ -117,6 +133,11 @@ class HFRollout:
                    past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache.batch_repeat_interleave(n)                                                 # (u*n, ..., P-1, ...)
         return cache
+
+    # -- the sampling RNG --
+    def seed(self, seed: int) -> None:
+        """Seed the sampling RNG (the trainer: from the run's seed and the rank)."""
+        self.generator.manual_seed(int(seed))
 
     # -- memory: the module is small beside the trainer's engines; nothing to free --
     def sleep(self) -> None:
@@ -163,6 +184,33 @@ class HFRollout:
         self.share_weights = False
         for p in self.model.parameters():
             p.data = p.data.clone()
+
+
+class OwnRngSampling:
+    """The last logits processor of a sampling call: the recipe's warpers (temperature, then top-k,
+    then top-p: `generate`'s own order and classes), softmax, one `torch.multinomial` draw per row
+    from the engine's generator. Returns scores that are -inf but at the drawn token (0), so the
+    argmax decoding `generate` runs takes exactly that token. The same distribution and the same
+    draw as `generate`'s sampling with the global RNG in the generator's state."""
+
+    def __init__(self, s: Sampling, generator: torch.Generator):
+        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        self.warpers = []
+        if s.temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(float(s.temperature)))
+        if s.top_k:
+            self.warpers.append(TopKLogitsWarper(top_k=int(s.top_k), min_tokens_to_keep=1))
+        if s.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p=float(s.top_p), min_tokens_to_keep=1))
+        self.generator = generator
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)                                         # (B, V)
+        probs = torch.softmax(scores.float(), dim=-1)                               # (B, V)
+        token = torch.multinomial(probs, num_samples=1, generator=self.generator)   # (B, 1)
+        return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)       # (B, V)
 
 
 class SampledLogprobs:

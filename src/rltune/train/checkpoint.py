@@ -56,21 +56,33 @@ def _fsync_tree(root: Path) -> None:
         os.close(fd)
 
 
-def rng_state(gen: torch.Generator) -> dict:
+def sampling_rng(rollout) -> torch.Generator | None:
+    """The rollout engine's own sampling RNG (hf: rollout/hf.py), None where the engine has none."""
+    return getattr(rollout, "generator", None)
+
+
+def rng_state(gen: torch.Generator, sampling: torch.Generator | None = None) -> dict:
+    """Every RNG stream of this rank: python, numpy, torch's global CPU one and, where torch sees a
+    GPU, each CUDA device's; the update shuffler; the rollout engine's sampling RNG (`sampling`)."""
     import numpy as np
 
     py = random.getstate()
     np_state = np.random.get_state()
-    return {
+    state = {
         "python": [py[0], list(py[1]), py[2]],
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype("int64")), int(np_state[2]),
                   int(np_state[3]), float(np_state[4])],
         "torch": torch.get_rng_state(),
         "shuffle": gen.get_state(),
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if sampling is not None:
+        state["sampling"] = sampling.get_state()
+    return state
 
 
-def set_rng_state(state: dict, gen: torch.Generator) -> None:
+def set_rng_state(state: dict, gen: torch.Generator, sampling: torch.Generator | None = None) -> None:
     import numpy as np
 
     py = state["python"]
@@ -79,15 +91,20 @@ def set_rng_state(state: dict, gen: torch.Generator) -> None:
     np.random.set_state((n[0], n[1].numpy().astype("uint32"), n[2], n[3], n[4]))
     torch.set_rng_state(state["torch"])
     gen.set_state(state["shuffle"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+    if sampling is not None and state.get("sampling") is not None:
+        sampling.set_state(state["sampling"])
 
 
 def save(run_dir: Path, step: int, engines: dict, state: dict, gen: torch.Generator, rank: int,
-         keep: int, pause=None, inflight: dict | None = None) -> Path:
+         keep: int, pause=None, inflight: dict | None = None, sampling: torch.Generator | None = None) -> Path:
     """Write checkpoint `step` atomically (every rank calls this). Whatever stops it (an
     exception, a full disk, a second Ctrl-C) removes the partial temp dir; the checkpoints
     already there are never touched until the new one is complete. `pause(step)`: a test hook.
     `inflight`: rollout.asynchronous's batches generated ahead (tensors and plain data), saved as
-    inflight-rank{R}.pt."""
+    inflight-rank{R}.pt. `sampling`: the rollout engine's own sampling RNG, saved with the others."""
     root = run_dir / CKPT_DIR
     final = root / f"{PREFIX}{step:08d}"
     tmp = root / f".tmp-{PREFIX}{step:08d}"
@@ -106,7 +123,7 @@ def save(run_dir: Path, step: int, engines: dict, state: dict, gen: torch.Genera
                     engine.save_checkpoint(str(tmp / name), tag="ds", save_latest=False,
                                            exclude_frozen_parameters=frozen)
                 adaptation.save_base(engine, tmp / name, rank, name)
-        torch.save(rng_state(gen), tmp / f"rng-rank{rank}.pt")
+        torch.save(rng_state(gen, sampling), tmp / f"rng-rank{rank}.pt")
         if inflight:
             torch.save(inflight, tmp / f"inflight-rank{rank}.pt")
         if pause is not None:  # tests: a window in which the save is half done (faults.py)
@@ -239,7 +256,8 @@ def saved_world_size(path: Path, state: dict) -> int:
     return max(1, len(list(path.glob("rng-rank*.pt"))))
 
 
-def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
+def load(path: Path, engines: dict, gen: torch.Generator, rank: int,
+         sampling: torch.Generator | None = None) -> dict:
     """Restore engines and RNG from `path`; returns state.json's content. On another world size than
     the checkpoint's (docs/scale.md, "Resume on another world size"): optimizer state saved one
     shard per rank goes through DeepSpeed's universal checkpoint, a whole one (ZeRO-0, any
@@ -270,14 +288,16 @@ def load(path: Path, engines: dict, gen: torch.Generator, rank: int) -> dict:
     if other:   # rank 0's update shuffler on every rank, each rank's own sampling seed
         _restore_rng(path / "rng-rank0.pt", gen)
         ws.reseed(state, rank)
+        if sampling is not None:   # the engine's sampling RNG from the same (seed, step, rank)
+            sampling.manual_seed(torch.initial_seed())
     elif (path / f"rng-rank{rank}.pt").exists():
-        _restore_rng(path / f"rng-rank{rank}.pt", gen)
+        _restore_rng(path / f"rng-rank{rank}.pt", gen, sampling)
     return state
 
 
-def _restore_rng(rng_file: Path, gen: torch.Generator) -> None:
+def _restore_rng(rng_file: Path, gen: torch.Generator, sampling: torch.Generator | None = None) -> None:
     try:
-        set_rng_state(load_tensors_only(rng_file), gen)
+        set_rng_state(load_tensors_only(rng_file), gen, sampling)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as err:
         from ..errors import UserError
 

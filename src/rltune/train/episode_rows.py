@@ -28,6 +28,8 @@ class Episode:
     answered: bool = False               # the last assistant turn ended (EOS): an answer, not a cut-off
     done: bool = False
     truncated: bool = False
+    longest_turn: int = 0                # tokens of the model's longest turn as sampled (each turn has its
+                                         # own rollout.max_new_tokens: reward.overlong and clip_ratio read it)
     breaks: int = 0                      # prefix breaks: the sample restarted from a re-rendered prompt
     untrained: int = 0                   # model tokens that became context at a break
 
@@ -59,6 +61,7 @@ def append_turn(e: Episode, ids: list[int], logp: list[float], eos: set, tok) ->
     EOS), and whether it is an answer (it ended with EOS, uncut)."""
     room = e.limit - len(e.tokens)
     cut = len(ids) > room
+    e.longest_turn = max(e.longest_turn, len(ids))
     ids, logp = ids[:room], logp[:room]
     e.tokens += ids
     e.trained += [1.0] * len(ids)
@@ -109,7 +112,8 @@ def experience(episodes: list[Episode], pad_id: int) -> Experience:
             logp[b, :t] = torch.tensor(e.logp)
     return Experience(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
                       response_mask=response_mask, loss_mask=loss_mask, rollout_logp=logp,
-                      truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool))
+                      truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool),
+                      turn_tokens=torch.tensor([e.longest_turn for e in episodes], dtype=torch.long))
 
 
 def episode_metrics(episodes: list[Episode]) -> dict:

@@ -273,7 +273,9 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, mar
         "kl/token_mean": pm.pop("kl/token_mean", 0.0),
         "kl_coef": knobs.kl_coef,
         "response/length_mean": float(lengths.mean()),
-        "response/clip_ratio": float((lengths >= r.rollout.max_new_tokens).float().mean()),
+        # rows with a turn that reached rollout.max_new_tokens (an episode: any of its turns; set before
+        # rollout.mask_truncated zeroed those rows' masks: sampling.mask_truncated)
+        "response/clip_ratio": float((gather_rows(exp.turn_lengths.to(mask.device)) >= r.rollout.max_new_tokens).float().mean()),
         "timing/step_s": step_s,
         "throughput/tokens_per_s": n_tokens / max(step_s, 1e-9),
     }

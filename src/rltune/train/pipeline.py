@@ -68,7 +68,11 @@ def _stamp(exp, version: int) -> None:
 class Pipeline:
     """The producer thread and the hand-over of batches, weights and checkpoint state."""
 
-    def __init__(self, c, first_step: int, last_step: int, inflight: dict | None = None):
+    def __init__(self, c, first_step: int, last_step: int, inflight: dict | None = None,
+                 before: dict | None = None):
+        """`inflight` (a resume): step -> its batch generated ahead, restored from the checkpoint;
+        `before`: step -> (sampler, rewards) state from before that batch was drawn, for each of
+        them (where each batch began: the next checkpoint or a rollback needs it)."""
         cfg = c.recipe.rollout.asynchronous
         self.c, self.K, self.partial, self.on_stale = c, cfg.max_staleness, cfg.partial, cfg.on_stale
         self.engine = c.rollout
@@ -84,7 +88,7 @@ class Pipeline:
         self.last = last_step
         self.policy = first_step - 1                                  # steps in the synced weights
         self.policy_of = {int(self.engine.version): self.policy}      # engine sync count -> policy version
-        self.before: dict[int, tuple[dict, dict]] = {}                # step -> (sampler, rewards) before its batch
+        self.before: dict[int, tuple[dict, dict]] = dict(before or {})  # step -> (sampler, rewards) before its batch
         self.busy, self.closed, self.error = False, False, None
         self.idle_rollout = 0.0
         self._producer_c = dataclasses.replace(c, rollout=_NoSleep(self.engine))
@@ -225,16 +229,20 @@ class Pipeline:
 
     def state(self, step: int) -> tuple[dict, dict]:
         """After `step` (quiesced): (state.json's "async" entry, the in-flight batches as tensors
-        and plain data for `inflight-rank{R}.pt`)."""
+        and plain data for `inflight-rank{R}.pt`). The entry says where every in-flight batch began
+        (`before`: its sampler and reward-normaliser state), so that a resume that restores them
+        can save that again, and one that cannot generates them again from the first one's."""
         first = step + 1
         sampler, rewards = self.before.get(first, (self.c.sampler.state_dict(), self.c.rewards.state_dict()))
         entry = {"max_staleness": self.K, "next_step": first, "sampler_before": sampler, "rewards_before": rewards,
-                 "inflight_steps": sorted(self.ready)}
+                 "inflight_steps": sorted(self.ready),
+                 "before": {str(j): {"sampler": self.before[j][0], "rewards": self.before[j][1]}
+                            for j in sorted(self.ready) if j in self.before}}
         batches = {}
         for j, b in self.ready.items():
             packed = pack(b)
             if packed is None:   # rows that are not plain data: a resume regenerates them
-                return {**entry, "inflight_steps": []}, {}
+                return {**entry, "inflight_steps": [], "before": {}}, {}
             batches[str(j)] = packed
         return entry, batches
 

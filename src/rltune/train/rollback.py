@@ -59,10 +59,14 @@ def rollback(c, engines, gen, knobs, monitor, tuner, path: Path, step: int, reas
     from .loop import apply_knobs
 
     sampler_now = c.sampler.state_dict()
-    state = ckpt.load(path, engines, gen, c.dist.rank)
+    state = ckpt.load(path, engines, gen, c.dist.rank, ckpt.sampling_rng(c.rollout))
     back_to = int(state["step"])
     c.kl_ctl.load_state_dict(state["kl_ctl"])
-    c.rewards.load_state_dict(state["rewards"])
+    # generation ahead: the checkpoint's reward moments count the batches it had generated ahead,
+    # which the rollback discards (the pipeline's flush) and never trains; the moments from before
+    # them are the ones to go on from, as a resume that generates them again does (run.py)
+    ahead = state.get("async") or {}
+    c.rewards.load_state_dict(ahead.get("rewards_before") or state["rewards"])
     if monitor is not None and state.get("monitor") is not None:
         # the detectors' running ranges and step go back to the checkpoint's (the spike does not
         # widen them); events.jsonl and the event list keep what the discarded steps reported (a

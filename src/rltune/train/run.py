@@ -300,7 +300,7 @@ def _build(run: Run, recipe_path: Path, resume_path: Path | None, saved: dict) -
     run.engines = {"actor": c.actor, "critic": c.critic}
     if resume_path is None:
         return None
-    state = ckpt.load(resume_path, run.engines, run.gen, run.dist.rank)
+    state = ckpt.load(resume_path, run.engines, run.gen, run.dist.rank, ckpt.sampling_rng(c.rollout))
     run.start = run.step = int(state["step"])
     return state
 
@@ -341,7 +341,7 @@ def _start_pipeline(run: Run, state: dict | None, resume_path: Path | None) -> N
 
     c, K = run.c, run.recipe.rollout.asynchronous.max_staleness
     entry = (state or {}).get("async")
-    inflight, why = None, None
+    inflight, why, before = None, None, {}
     if entry is not None:
         path = resume_path / f"inflight-rank{run.dist.rank}.pt"
         if int(entry.get("max_staleness", -1)) != K:
@@ -356,6 +356,9 @@ def _start_pipeline(run: Run, state: dict | None, resume_path: Path | None) -> N
                 why = f"{path.name} is not readable ({type(err).__name__})"
             if inflight is not None and sorted(inflight) != [int(j) for j in entry["inflight_steps"]]:
                 inflight, why = None, f"{path.name} does not hold the steps state.json names"
+            before = _inflight_before(entry, inflight)
+            if inflight is not None and before is None:
+                inflight, why = None, "state.json does not say where each of them began"
         elif entry.get("inflight_steps"):
             why = f"{path.name} is missing"
         if inflight is None:
@@ -373,7 +376,21 @@ def _start_pipeline(run: Run, state: dict | None, resume_path: Path | None) -> N
                             "\n  fix: run one process, or set rollout.asynchronous.max_staleness: 0" if world_size() > 1
                             else f"with partial rollouts needs the vllm-server engine (this run uses {c.rollout.name})"
                             "\n  fix: set rollout.engine: vllm-server, or rollout.asynchronous.partial: false"))
-    c.pipeline = Pipeline(c, run.start + 1, run.recipe.trainer.max_steps, inflight)
+    c.pipeline = Pipeline(c, run.start + 1, run.recipe.trainer.max_steps, inflight, before if inflight else None)
+
+
+def _inflight_before(entry: dict, inflight: dict | None) -> dict | None:
+    """Step -> (sampler, rewards) state before each restored batch was drawn (state.json's "async"
+    "before"); the first one is "sampler_before" / "rewards_before". None where a restored batch
+    has no record (a checkpoint of an rltune that did not save them, with more than one batch)."""
+    if not inflight:
+        return {}
+    saved = entry.get("before") if isinstance(entry.get("before"), dict) else {}
+    out = {int(j): (d["sampler"], d["rewards"]) for j, d in saved.items()
+           if str(j).isdigit() and isinstance(d, dict) and "sampler" in d and "rewards" in d}
+    first = min(inflight)
+    out.setdefault(first, (entry["sampler_before"], entry["rewards_before"]))
+    return out if all(j in out for j in inflight) else None
 
 
 def _ready(run: Run, state: dict | None) -> None:

@@ -6,7 +6,9 @@ Three recipe options shape what reaches the learner (docs/algorithms.md):
     generated until the step holds its sequences or `max_gen_calls` generation calls were made
     (then the batch is topped up with dropped groups, and a warning says how many);
   - `reward.overlong` (DAPO sec. 3.4): a soft length penalty in the last `buffer` tokens before
-    `rollout.max_new_tokens`, added to the training reward (reported as `reward/overlong`);
+    `rollout.max_new_tokens`, added to the training reward (reported as `reward/overlong`). In an
+    episode (rollout.env) every assistant turn has that budget, so the penalty is the longest
+    turn's: a long episode of short turns is not punished (`Experience.turn_lengths`);
   - `rollout.mask_truncated`: responses cut at `max_new_tokens` get a zero response mask, so no
     loss term sees them (they still count in their group's baseline, which is computed first).
 
@@ -135,7 +137,7 @@ def score(c, s: Scored) -> Scored:
     scores = torch.tensor(result.scores, dtype=torch.float32)                        # (B,)
     s.raw = dict(result.raw)
     if r.reward.overlong is not None:
-        pen = overlong_penalty(s.exp.train_mask.sum(-1), r.rollout.max_new_tokens,
+        pen = overlong_penalty(s.exp.turn_lengths, r.rollout.max_new_tokens,
                                r.reward.overlong.buffer, r.reward.overlong.penalty)   # (B,)
         scores = scores + pen
         s.raw["overlong"] = pen.tolist()
@@ -236,9 +238,13 @@ def sample_step(c) -> StepBatch:
 
 def mask_truncated(c, exp: Experience) -> tuple[torch.Tensor, dict]:
     """Responses cut at max_new_tokens: counted, and masked out of the loss when asked (in
-    place). Returns ((B,) response lengths before masking, metrics)."""
+    place). Returns ((B,) response lengths before masking, metrics). The lengths that
+    rollout.max_new_tokens bounds are kept on `exp.turn_tokens` (set here, before the masking, where
+    the rollout did not: response/clip_ratio reads them)."""
     r, m = c.recipe, {}
     lengths = exp.train_mask.sum(-1)                                           # (B,) the model's tokens
+    if exp.turn_tokens is None:
+        exp.turn_tokens = lengths.long()
     trunc = exp.truncated if exp.truncated is not None else truncated_rows(
         exp.response_ids, exp.response_mask, set(c.rollout.eos_ids), r.rollout.max_new_tokens)  # (B,) bool
     if r.rollout.mask_truncated:

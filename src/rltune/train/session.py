@@ -122,7 +122,8 @@ def save(run: Run, step: int) -> None:
     try:
         path = ckpt.save(run.run_dir, step, run.engines, state, run.gen, run.dist.rank,
                          run.recipe.trainer.keep_checkpoints,
-                         pause=run.faults.save_pause if run.faults is not None else None, inflight=inflight)
+                         pause=run.faults.save_pause if run.faults is not None else None, inflight=inflight,
+                         sampling=ckpt.sampling_rng(c.rollout))
     except KeyboardInterrupt:
         stop.abandoned = step
         raise

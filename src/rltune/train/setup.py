@@ -158,6 +158,8 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = N
     rollout = make_rollout(recipe, hf_model, tokenizer, dist.device, world_size=dist.world_size,
                            adaptation=adaptation, log_dir=Path(recipe.trainer.output_dir), rank=dist.rank)  # its choice and why: in the start-up block (progress.py)
     rollout.sync_weights(actor)
+    if hasattr(rollout, "seed"):   # hf: its own sampling RNG (rollout/hf.py), seeded like the global ones
+        rollout.seed(seed + dist.rank)
 
     kl = recipe.algorithm.kl
     kl_ctl = make_kl_controller(kl.coef, kl.target, kl.horizon)
