@@ -297,3 +297,22 @@ def observe_all(trace: list[dict], recipe) -> list:
 def problems(evs) -> list[tuple]:
     """(step, kind, severity, message) of the warning and error events."""
     return [(e.step, e.kind, e.severity, e.message) for e in evs if e.severity in PROBLEM]
+
+
+def zero_storm(n: int = 80, seed: int = 0, at: int = 30, ramp: int = 6, level: float = 0.1, storm: float = 0.9,
+               groups: int = 8, reward: str = "flat") -> list[dict]:
+    """A zero-advantage storm (issue 44): the share of `groups` groups that scored alike climbs
+    linearly from `level` to `storm` over `ramp` steps from step `at` (at=1, ramp=1: a storm from
+    the first step), logged as rollout/zero_std_frac with its binomial noise. reward="flat": the
+    reward stays at 0.5 (the groups scoring alike teach nothing: a fault); "rising": it climbs
+    0.2 -> 1.0 with the share (over 5 steps at least), then holds (the policy now solves its prompts)."""
+    rng = random.Random(seed + 13)
+    tr = healthy(n, seed, ppo=False, r0=0.5, r1=0.5)
+    for m in tr:
+        t = m["step"]
+        p = level if t < at else level + (storm - level) * min(1.0, (t - at + 1) / ramp)
+        m["rollout/zero_std_frac"] = sum(rng.random() < p for _ in range(groups)) / groups
+        if reward == "rising":
+            climb = min(1.0, max(0.0, (t - at + 1) / max(ramp, 5)))
+            m["reward/mean"] = (0.2 + 0.8 * climb) * (1 + rng.gauss(0, 0.03))
+    return tr

@@ -12,7 +12,7 @@ import pytest
 from rltune.commands.diagnose import run as diagnose
 from rltune.recipe.schema import Recipe
 from synth import (RECIPE, eval_falls_to_zero, healthy, healthy_binary, long_clipping, observe_all, oscillating,
-                   problems, write_run, zero_std)
+                   problems, write_run, zero_std, zero_storm)
 
 R = Recipe.model_validate(RECIPE)
 GRPO = Recipe.model_validate({**RECIPE, "algorithm": {"name": "grpo"}})
@@ -129,6 +129,65 @@ def test_stable_or_slowly_rising_zero_std_frac_is_quiet(seed):
         assert run(zero_std(100, seed, level=level), GRPO) == []
     assert run(zero_std(100, seed, level=0.1, ramp_to=0.9, groups=16), GRPO16) == []
     assert run(zero_std(100, seed, level=0.1, ramp_to=0.9), GRPO) == []
+
+
+# issue 44: a zero-advantage storm (~90% of the groups scoring alike) that arrives over a few
+# steps, or is there from the first step, used to be flagged ~30 steps late (2 x window above 0.95) or never
+
+W, WARMUP = R.health.window, R.health.warmup_steps
+
+
+def _storm_warnings(evs):
+    return [e for e in evs if e.kind == "zero_advantage" and e.severity == "warning"]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_storm_ramping_over_six_steps_with_a_flat_reward_is_flagged(seed):
+    # 0.1 -> 0.9 over steps 30-35 (0.9 from step 35, the first at the storm level 0.8): no single jump
+    for recipe, groups, slack in ((GRPO16, 16, 2), (GRPO, 8, W)):   # 8 groups: noisier
+        evs = run(zero_storm(80, seed, at=30, ramp=6, groups=groups), recipe)
+        assert [(e.kind, e.severity) for e in evs] == [("zero_advantage", "warning")], (groups, evs)
+        assert 30 <= evs[0].step <= 35 + W + slack, (groups, evs[0].step, evs[0].message)
+        assert evs[0].numbers["role"] == "data" and evs[0].advice
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_storm_from_the_first_step_with_a_flat_reward_is_flagged(seed):
+    evs = run(zero_storm(80, seed, at=1, ramp=1, groups=16), GRPO16)
+    assert [(e.kind, e.severity) for e in evs] == [("zero_advantage", "warning")], evs
+    assert evs[0].step <= W + WARMUP, evs[0].step
+    msg = evs[0].message
+    assert "teaches almost nothing" in msg and "the reward did not rise" in msg, msg
+    assert evs[0].changes == {"algorithm.group_size": 8}          # the high event's advice: more samples
+    # 8 groups a step: 40 in a window, whose noise can take a few steps more
+    evs = run(zero_storm(80, seed, at=1, ramp=1, groups=8), GRPO)
+    assert [(e.kind, e.severity) for e in evs] == [("zero_advantage", "warning")], evs
+    assert evs[0].step <= 2 * W + WARMUP + 2, evs[0].step
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_storm_while_the_reward_rises_is_no_warning(seed):
+    # the groups score alike because the policy now solves their prompts (reward 0.2 -> 1.0 with the share)
+    for kw in (dict(at=30, ramp=6), dict(at=1, ramp=1)):
+        assert _storm_warnings(run(zero_storm(80, seed, groups=16, reward="rising", **kw), GRPO16)) == []
+        assert _storm_warnings(run(zero_storm(80, seed, groups=8, reward="rising", **kw), GRPO)) == []
+
+
+def test_a_jump_that_becomes_a_storm_is_one_event():
+    # tiny-grpo's jump at step 18 with a flat reward, then ~85% for the rest: the jump's warning only
+    tr = [{"step": i + 1, "reward/mean": 0.3, "reward/std": s, "rollout/zero_std_frac": z}
+          for i, (_, s, z) in enumerate(TINY_GRPO)]
+    tr += [{"step": 25 + i, "reward/mean": 0.3, "reward/std": 0.2, "rollout/zero_std_frac": 0.875}
+           for i in range(20)]
+    assert [(e.step, e.kind, e.severity) for e in run(tr, GRPO16)] == [(18, "zero_advantage", "warning")]
+
+
+def test_a_storm_that_ends_and_comes_back_is_flagged_again():
+    tr = zero_storm(80, 0, at=1, ramp=1, groups=16)
+    for m in tr[20:40]:
+        m["rollout/zero_std_frac"] = 0.125
+    evs = run(tr, GRPO16)
+    assert [e.severity for e in evs] == ["warning", "warning"] and 41 <= evs[1].step <= 41 + W + 2, evs
 
 
 # (d) eval reward falling to zero while the train reward climbs ------------------------------

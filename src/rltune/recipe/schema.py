@@ -305,7 +305,7 @@ class HealthCfg(Section):
     length_growth: float = F(3.0, "Mean response length above this many times its start is a runaway.", gt=1, le=1e6)
     sync_ms: Optional[float] = F(None, "Rollout weight sync (resharding) slower than this (ms); None = 200 ms (playbook, 7B) x max(1, size / 7B); models under 1B: max(200 ms, 5x the run's own early syncs).", gt=0, le=1e7)
     is_weight_max: float = F(10.0, "Importance-ratio extreme: rollout/is_weight_max above this (and 5x its running median) 2 steps in a row.", gt=1, le=1e12)
-    zero_adv_max: float = F(0.95, "Share of zero-advantage groups (batch/zero_adv_frac or rollout/zero_std_frac) above this for 2 x window steps: the batch teaches almost nothing (a sudden jump is flagged sooner).", gt=0, le=1)
+    zero_adv_max: float = F(0.95, "Share of zero-advantage groups (batch/zero_adv_frac or rollout/zero_std_frac) above this for 2 x window steps: the batch teaches almost nothing (sooner: a sudden jump, or a storm: 0.8 or more over window steps while the reward does not rise).", gt=0, le=1)
     clipfrac_max: float = F(0.3, "actor/clipfrac above this and 3x its start, for window steps: the update runs away from the rollout policy.", gt=0, le=1)
     logprob_drift: float = F(3.0, "Rollout/trainer log-prob mismatch growing: rollout/logprob_diff_mean over a window this many times its start (and above half rollout.logprob_tolerance).", gt=1, le=1e6)
     async_capped_frac: float = F(0.05, "rollout.asynchronous: rollout/is_capped_frac (tokens whose importance weight pi_prox / pi_sample the cap truncated or masked) above this for 2 steps, with stale samples: the staleness outruns the correction (async_drift).", gt=0, le=1)
