@@ -465,3 +465,24 @@ def test_resume_of_a_finished_run_builds_nothing(finished, tmp_path, capfd, monk
     shutil.rmtree(run_dir / "final")
     res = run_inproc(capfd, "train", path, "--resume", "auto")
     assert res.returncode != 0 and "engines built for a run" in res.stderr, res.stderr[-2000:]
+
+
+def test_a_reward_function_that_changes_directory_moves_nothing(tmp_path, capfd, monkeypatch):
+    # issue 45 item 6: a relative trainer.output_dir was re-read against the working directory at
+    # every write, so a reward function that called os.chdir sent checkpoints and final/ there
+    # while train.log (opened at the start) stayed
+    work, other = tmp_path / "work", tmp_path / "other"
+    work.mkdir(), other.mkdir()
+    (tmp_path / "rew.py").write_text(
+        "import os\n"
+        f"def wander(prompts, completions, **kw):\n    os.chdir({str(other)!r})\n    return [0.0] * len(prompts)\n")
+    path = tiny_recipe(tmp_path, reward={"functions": [f"{tmp_path / 'rew.py'}:wander"]}, trainer__max_steps=2,
+                       trainer__save_every=1, trainer__eval_every=0, trainer__output_dir="runs/rel")
+    monkeypatch.chdir(work)
+    res = run_inproc(capfd, "train", path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = work / "runs" / "rel"
+    assert (run / "train.log").is_file() and (run / "final").is_dir(), sorted(os.listdir(run))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-")), \
+        sorted(os.listdir(run / "checkpoints"))
+    assert not any(other.iterdir()), sorted(str(p) for p in other.rglob("*"))

@@ -32,12 +32,13 @@ def train(recipe: Recipe, recipe_path: Path, resume: str = "auto", allow_recipe_
     from ..engine.distributed import process_group
     from ..errors import RecipeInputError
     from ..plan import ConfigError, check_model_configs
-    from .rundir import RunLock, prepare
+    from .rundir import RunLock, absolute_run_dir, prepare
 
     try:   # the models' config.json, checked where it is read (plan/arch.py) before anything heavy
         check_model_configs(recipe)
     except ConfigError as err:
         raise RecipeInputError(str(err)) from None
+    recipe = absolute_run_dir(recipe)   # an os.chdir during the run (a reward, an environment) moves nothing
     run_dir = Path(recipe.trainer.output_dir)
     lock = RunLock(run_dir)
     # what was there before this run: a run that fails before its first step removes only what it made

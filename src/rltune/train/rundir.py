@@ -40,6 +40,16 @@ STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk q
                   errno.EPERM: "operation not permitted"}
 
 
+def absolute_run_dir(recipe):
+    """`recipe` with trainer.output_dir made absolute, once, at the start of a run: every path the
+    run writes (the run directory, checkpoints, final/, the trackers' directories) derives from it,
+    so an environment, reward function or agent that calls os.chdir moves none of them."""
+    out = os.path.abspath(os.path.expanduser(recipe.trainer.output_dir))
+    if out == recipe.trainer.output_dir:
+        return recipe
+    return recipe.model_copy(update={"trainer": recipe.trainer.model_copy(update={"output_dir": out})})
+
+
 # ------------------------------------------------------------------ sizes and storage errors
 
 
