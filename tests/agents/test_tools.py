@@ -302,3 +302,32 @@ def test_an_async_tool_is_awaited():
 
     assert tool_schema(Async.fetch)["function"]["parameters"]["required"] == ["key"]
     assert call_tool(Async(), ToolCall("fetch", {"key": "ab"}), 5) == ("AB", None)
+
+
+def _deep(n: int) -> list:
+    value: list = []
+    for _ in range(n):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("tool, args, why", [
+    ("scale", {"factor": 10 ** 400, "ids": [1]}, "factor must be number"),            # float(int) overflows
+    ("scale", {"factor": "1e400", "ids": [1]}, "factor must be number"),              # inf
+    ("scale", {"factor": float("inf"), "ids": [1]}, "factor must be number"),
+    ("search", {"query": "q", "limit": "9" * 5000}, "limit must be integer"),        # past int()'s digit limit
+    ("search", {"query": "q", "limit": "1e400"}, "limit must be integer"),
+    ("search", {"query": "q", "limit": float("nan")}, "limit must be integer"),
+    ("search", {"query": _deep(5000), "limit": 1}, "query must be string"),            # a list too deep to show
+])
+def test_an_argument_that_overflows_its_type_is_a_bad_arguments_error_not_a_crash(tool, args, why):
+    """Issue 45 item 10: numbers a JSON call can carry but the parameter's type cannot hold."""
+    text, err = call_tool(Box(), ToolCall(tool, args), 5)
+    assert err == "arguments" and text.startswith(f"error: bad arguments for {tool}(") and why in text
+    assert len(text) < 500
+
+
+def test_a_long_integer_string_keeps_every_digit():
+    # "nothing lost": an int given as a string of digits is that int, not a float's approximation of it
+    assert call_tool(Box(), ToolCall("search", {"query": "q", "limit": "9007199254740993"}), 5) == (
+        "q:9007199254740993:False", None)

@@ -368,15 +368,31 @@ def _coerce_scalars(fn: Callable, arguments: dict) -> str | None:
             typing.Union, getattr(types, "UnionType", None)) else [hint]
         if value is None or len(kept) != 1 or kept[0] not in SCALARS:
             continue
-        converted = _as_scalar(value, kept[0])
+        try:
+            converted = _as_scalar(value, kept[0])
+        except (ValueError, OverflowError, TypeError):   # a number its type cannot hold (10**400 for a float)
+            converted = None
         if converted is None:
-            return f"{name} must be {SCALARS[kept[0]]}, got {json.dumps(value, default=str)[:60]}"
+            return f"{name} must be {SCALARS[kept[0]]}, got {_shown(value)}"
         arguments[name] = converted
     return None
 
 
+def _shown(value: Any, limit: int = 60) -> str:
+    """`value` as JSON, cut to `limit` characters, for an error message (whatever it is: a list
+    nested too deep to encode, an int too long to print, are named by their type)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    try:
+        return json.dumps(value, default=str)[:limit]
+    except (ValueError, RecursionError) as err:
+        return f"a {type(value).__name__} that cannot be shown ({type(err).__name__})"
+
+
 def _as_scalar(value: Any, kind: type) -> Any:
     """`value` as `kind` (str, int, float or bool) when nothing is lost, else None."""
+    if isinstance(value, float) and not math.isfinite(value) and kind is not str:
+        return None                        # inf (JSON's 1e400 overflows a float) or NaN: no number a tool can use
     if isinstance(value, kind) and not (kind is not bool and isinstance(value, bool)):
         return value
     if isinstance(value, bool) or isinstance(value, (dict, list)):
@@ -385,11 +401,16 @@ def _as_scalar(value: Any, kind: type) -> Any:
         return str(value) if isinstance(value, (int, float)) else None
     if kind is bool:
         return {"true": True, "false": False}.get(str(value).strip().lower())
+    if kind is int and isinstance(value, str):
+        try:
+            return int(value.strip())      # every digit kept (float() would round past 2**53)
+        except ValueError:                 # not an integer's digits (or past int()'s 4300-digit limit): maybe "12.0"
+            pass
     try:
         number = float(value) if isinstance(value, str) else value
     except ValueError:
         return None
-    if kind is float:
+    if kind is float:                      # float(10**400) raises OverflowError: the caller says "bad arguments"
         return float(number) if math.isfinite(float(number)) else None
     return int(number) if float(number).is_integer() and abs(number) < 2**63 else None
 
