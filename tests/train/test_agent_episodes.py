@@ -272,3 +272,49 @@ def test_an_agent_is_loaded_from_its_spec_and_is_not_isolated(tmp_path):
         load_env_class("agent.py:bad", tmp_path)
     with pytest.raises(EnvError, match="rollout.env_isolate is for environment classes"):
         load_environment(_recipe(env_isolate=True), load_tokenizer(TOKENIZER), tmp_path)
+
+
+def test_the_endpoint_answers_malformed_requests_and_a_lone_surrogate_reaches_the_model_as_u_fffd(capfd):
+    """Issue 45 item 10, on the real endpoint of a real episode: raw requests that are not
+    chat requests get a 4xx with a JSON error (never a dropped connection or a traceback); a lone
+    surrogate (what `requests`, or json.dumps, sends for a non-UTF-8 file name) reaches the
+    model as U+FFFD, and the episode goes on."""
+    import socket
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    answers = []
+
+    def raw(url, data: bytes) -> tuple[int, dict]:
+        parts = urlsplit(url)
+        with socket.create_connection((parts.hostname, parts.port), timeout=10) as s:
+            s.sendall(data.replace(b"PATH", (parts.path.rstrip("/") + "/chat/completions").encode()))
+            buf = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+        head, _, body = buf.partition(b"\r\n\r\n")
+        return int(head.split()[1]), json.loads(body)
+
+    def agent(client, row):
+        url = str(client.base_url)
+        deep = b"[" * 100_000 + b"]" * 100_000
+        for data in (b"POST PATH HTTP/1.1\r\nContent-Length: abc\r\nConnection: close\r\n\r\n",
+                     b"POST PATH HTTP/1.1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(deep) + deep):
+            answers.append(raw(url, data))
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "file caf\udce9.txt"}]}).encode()
+        request = urllib.request.Request(url.rstrip("/") + "/chat/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as reply:
+            answers.append((reply.status, json.loads(reply.read())))
+        return 1.0
+
+    c, ep = _play(agent, [{"prompt": "p"}], reply=lambda prompt: "seen")
+    (s1, b1), (s2, b2), (s3, b3) = answers
+    assert s1 == 400 and "Content-Length" in b1["error"]["message"]
+    assert s2 == 400 and "nested too deeply" in b2["error"]["message"]
+    assert s3 == 200 and b3["choices"][0]["message"]["content"] == "seen"
+    assert "file caf\ufffd.txt" in c.tokenizer.decode(ep.exp.prompt_ids[0]) and ep.env_scores == [1.0]
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err

@@ -15,20 +15,30 @@ Standard library only. What it serves:
     GET  /e/<key>/v1/models             one model, "policy"
 
 Errors have OpenAI's shape ({"error": {"message", "type", "code"}}), so the client raises them.
+Whatever arrives is answered, never dropped with a traceback: a bad Content-Length, a chunked body,
+a body that is not JSON or nests deeper than MAX_DEPTH, a request line http.server refuses (4xx);
+a failure of the trainer's side (500). Lone UTF-16 surrogates in the request's strings become
+U+FFFD before anything reads them (docs/agents.md says why).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 import threading
 import time
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from .tools import CLOSE, OPEN, parse_tool_calls
 
+LOG = logging.getLogger("rltune")
 MAX_BODY = 64 << 20          # a request larger than this is refused (413)
+MAX_DEPTH = 64               # JSON nested deeper than this is refused (400): a chat request nests ~10 levels
 MODEL_ID = "policy"
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class BadRequest(Exception):
@@ -36,6 +46,40 @@ class BadRequest(Exception):
 
 
 # ---------------------------------------------------------------- requests
+
+def read_body(raw: bytes):
+    """The JSON value of a request body, with every lone UTF-16 surrogate in its strings (keys
+    too) replaced by U+FFFD (see `clean_text`); BadRequest for a body that is not JSON or nests
+    deeper than MAX_DEPTH levels (a 100,000-deep array exhausts no stack here: the parser's
+    RecursionError is caught, and what parses is walked without recursion)."""
+    try:
+        value = json.loads(raw or b"{}")
+    except RecursionError:
+        raise BadRequest(f"the request body's JSON is nested too deeply (more than {MAX_DEPTH} levels)") from None
+    except ValueError:   # UnicodeDecodeError included
+        raise BadRequest("the request body is not JSON (UTF-8)") from None
+    root = [value]
+    stack = [(root, 0, 0)]           # (container, key or index, depth of the value there)
+    while stack:
+        holder, k, depth = stack.pop()
+        v = holder[k]
+        if isinstance(v, str):
+            holder[k] = clean_text(v)
+        elif isinstance(v, (list, dict)):
+            if depth >= MAX_DEPTH:
+                raise BadRequest(f"the request body's JSON is nested too deeply (more than {MAX_DEPTH} levels)")
+            if isinstance(v, dict) and any(SURROGATE.search(key) for key in v):
+                v = holder[k] = {clean_text(key): item for key, item in v.items()}
+            stack.extend((v, j, depth + 1) for j in (v if isinstance(v, dict) else range(len(v))))
+    return root[0]
+
+
+def clean_text(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate (JSON's "\\ud800" unpaired; a non-UTF-8 file name
+    decoded with surrogateescape) replaced by U+FFFD: no tokenizer, template or UTF-8 log takes
+    them. Valid text is returned as it is."""
+    return SURROGATE.sub("\ufffd", text) if SURROGATE.search(text) else text
+
 
 def request_messages(body: dict) -> tuple[list[dict], list[dict] | None]:
     """(messages, tools) of a chat-completions request, normalised: each message a dict with a
@@ -171,9 +215,19 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 1024      # every episode's agent connects at once (the default backlog is 5)
 
+    def handle_error(self, request, client_address) -> None:
+        """Last resort (the handler answers everything it can): one log line, never a traceback
+        on the trainer's console; a client that hung up is not worth a line."""
+        import sys
+
+        err = sys.exc_info()[1]
+        if not isinstance(err, (ConnectionError, TimeoutError)):
+            LOG.warning("the agent endpoint dropped a request: %s: %s", type(err).__name__, str(err)[:200])
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    default_request_version = "HTTP/1.1"   # a request line it cannot read is answered with a status line and headers too
     disable_nagle_algorithm = True     # headers and body are two writes: no 40 ms delayed-ACK wait between them
     chat: Callable
 
@@ -187,12 +241,32 @@ class _Handler(BaseHTTPRequestHandler):
         return None, ""
 
     def _send(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
+        data = json.dumps(payload).encode()      # ASCII: a surrogate left in a payload is escaped, never raised on
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a bad request line, headers too long, an unknown method) in
+        OpenAI's JSON shape, not HTML; the connection is closed after them."""
+        self.close_connection = True
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "error"
+        if code == HTTPStatus.NOT_IMPLEMENTED and getattr(self, "command", None) not in (None, "GET", "POST"):
+            code, message = 405, f"rltune's endpoint serves GET and POST only, not {self.command}"
+        self._send(code, error(f"{message or phrase} (HTTP {code})", "not_found" if code == 404 else "invalid_request_error"))
+
+    def _refuse(self, status: int, message: str) -> None:
+        """An answer after which the connection is closed (its body was not read: the stream's
+        state is unknown)."""
+        self.close_connection = True
+        self._send(status, error(message))
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         key, rest = self._route()
@@ -203,24 +277,39 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         key, rest = self._route()
-        length = int(self.headers.get("Content-Length") or 0)
+        if self.headers.get("Transfer-Encoding"):
+            self._refuse(411, "send the body with a Content-Length header (Transfer-Encoding is not supported)")
+            return
+        text = self.headers.get("Content-Length") or "0"
+        if not (text.isascii() and text.strip().isdigit()):
+            self._refuse(400, f"the Content-Length header {text[:40]!r} is not a number of bytes")
+            return
+        length = int(text)
         if length > MAX_BODY:
-            self.close_connection = True
-            self._send(413, error(f"request body over {MAX_BODY >> 20} MiB"))
+            self._refuse(413, f"request body over {MAX_BODY >> 20} MiB")
             return
         raw = self.rfile.read(length)
+        if len(raw) < length:                # the client hung up mid-body: nobody to answer
+            self.close_connection = True
+            return
         if key is None or rest != "chat/completions":
             self._send(404, error(f"no route POST {self.path}: rltune serves /e/<episode>/v1/chat/completions",
                                   "not_found"))
             return
         try:
-            body = json.loads(raw or b"{}")
-        except ValueError:
-            self._send(400, error("the request body is not JSON"))
+            body = read_body(raw)
+        except BadRequest as err:
+            self._send(400, error(str(err)))
             return
-        status, payload = self.chat(key, body)
+        try:
+            status, payload = self.chat(key, body)
+        except Exception as err:  # noqa: BLE001 - a bug on the trainer's side: the agent gets an answer, the log a line
+            LOG.warning("the agent endpoint failed on a request of episode %s: %s: %s", key, type(err).__name__,
+                        str(err)[:200])
+            status, payload = 500, error(f"rltune's endpoint failed: {type(err).__name__}: {str(err)[:200]}",
+                                         "server_error")
         self._send(status, payload)
 
 
-__all__ = ["BadRequest", "ChatProxy", "completion", "error", "normalise_message", "reply_message", "request_messages",
-           "same_message"]
+__all__ = ["BadRequest", "ChatProxy", "clean_text", "completion", "error", "normalise_message", "read_body",
+           "reply_message", "request_messages", "same_message"]
