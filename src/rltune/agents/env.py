@@ -315,7 +315,10 @@ class Session:
     its answer to each assistant turn, and its reward. Counters say how the episode went.
 
     A tool call or a step() that runs past `tool_timeout_s` is abandoned in its worker thread
-    (see tools.run_with_timeout): the episode goes on (tools) or ends (turns).
+    (see tools.run_with_timeout): the episode goes on (tools) or ends (turns). Creating the
+    instance, reset() and reward() are bounded the same way; one that runs past the bound is an
+    EnvError naming the class and the method (the run stops: no episode can go on without them).
+    The caller waits in Thread.join, so a Ctrl-C still reaches it.
     """
 
     def __init__(self, cls: type, tool_timeout_s: float = 10.0):
@@ -332,7 +335,9 @@ class Session:
             except ValueError as err:
                 raise EnvError(f"environment class {cls.__qualname__}: {err}", "fix the tool method named above") from None
         try:
-            self.env = self._timed(cls)
+            self.env = self._bounded(f"creating {cls.__qualname__}()", "__init__", cls)
+        except EnvError:
+            raise
         except Exception as err:  # noqa: BLE001
             raise EnvError(f"creating {cls.__qualname__}() failed: {type(err).__name__}: {err}",
                            "an environment class is created with no arguments, once per episode") from err
@@ -345,6 +350,22 @@ class Session:
         finally:
             self.env_time_s += time.perf_counter() - t0
 
+    def _bounded(self, what: str, method: str, fn, *args, where: str = ""):
+        """fn(*args) in a worker thread bounded by tool_timeout_s (tools.run_with_timeout): its
+        value, or its exception raised here. Past the bound, an EnvError naming `what` (the call
+        is abandoned and may go on in its thread)."""
+        finished, value, err = self._timed(run_with_timeout, fn, self.tool_timeout_s, *args)
+        if not finished:
+            self.timeouts += 1
+            raise EnvError(f"{what} did not return within rollout.tool_timeout_s ({self.tool_timeout_s:g} s)"
+                           f"{where}: abandoned",
+                           f"fix {method}() so that it returns; if it needs longer, raise rollout.tool_timeout_s")
+        if err is not None and not isinstance(err, Exception):   # SystemExit in user code: named, not obeyed
+            raise EnvError(f"{what} raised {type(err).__name__}: {err}", f"fix {method}()")
+        if err is not None:
+            raise err
+        return value
+
     def start(self, row: dict, prompt_messages: list[dict]) -> list[dict]:
         """Reset the environment for `row`; return the episode's first conversation.
 
@@ -353,7 +374,10 @@ class Session:
         returns the conversation, a non-empty list of {"role", "content"} messages.
         """
         try:
-            out = self._timed(self.env.reset, row)
+            out = self._bounded(f"{self.cls.__qualname__}.reset", "reset", self.env.reset, row,
+                                where=f" for the row {_short(row)}")
+        except EnvError:
+            raise
         except Exception as err:  # noqa: BLE001
             raise EnvError(f"{self.cls.__qualname__}.reset failed for the row {_short(row)}: "
                            f"{type(err).__name__}: {err}", "fix reset(), or the row it cannot handle") from err
@@ -439,7 +463,9 @@ class Session:
         args = () if self.kind == "tools" else (
             {"messages": messages, "info": self.info if info is None else info, "turns": self.turns},)
         try:
-            value = self._timed(self.env.reward, *args)
+            value = self._bounded(name, "reward", self.env.reward, *args)
+        except EnvError:
+            raise
         except Exception as err:  # noqa: BLE001
             raise EnvError(f"{name} raised {type(err).__name__}: {err}", "fix reward()") from err
         if isinstance(value, str) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
