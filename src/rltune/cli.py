@@ -299,9 +299,9 @@ launch_app = typer.Typer(help="A job for an existing scheduler that runs `rltune
                          no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(launch_app, name="launch")
 
-_NODES = typer.Option(..., "--nodes", metavar="N", help="Nodes.")
-_GPUS = typer.Option(0, "--gpus-per-node", metavar="G", help="GPUs per node (0: CPU nodes).")
-_PROCS = typer.Option(None, "--procs-per-node", metavar="P", help="Ranks per node (default: the GPUs, or 1).")
+_NODES = typer.Option(..., "--nodes", metavar="N", min=1, help="Nodes.")
+_GPUS = typer.Option(0, "--gpus-per-node", metavar="G", min=0, help="GPUs per node (0: CPU nodes).")
+_PROCS = typer.Option(None, "--procs-per-node", metavar="P", min=1, help="Ranks per node (default: the GPUs, or 1).")
 
 
 @launch_app.command("slurm", context_settings={"allow_extra_args": False})
@@ -314,6 +314,7 @@ def launch_slurm(
     account: Optional[str] = typer.Option(None, "--account", metavar="NAME", help="#SBATCH --account."),
     env: Optional[List[str]] = typer.Option(None, "--env", metavar="NAME=VALUE", help="Exported in the job (repeatable), e.g. NCCL_SOCKET_IFNAME=ib0."),
     script: Optional[str] = typer.Option(None, "--script", metavar="PATH", help="Where to write the script (default RUN_DIR/slurm/)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --script file."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the sbatch script; submit nothing."),
 ) -> None:
     """Write an sbatch script that trains RECIPE on N nodes (torchrun's rendezvous on the first,
@@ -322,7 +323,7 @@ def launch_slurm(
 
     _reject_bare_keys(overrides or [])
     raise typer.Exit(run("slurm", recipe, overrides or [], nodes, procs, gpus, dry_run, partition=partition,
-                         time_limit=time_limit, account=account, env=env or [], script=script))
+                         time_limit=time_limit, account=account, env=env or [], script=script, force=force))
 
 
 @launch_app.command("k8s", context_settings={"allow_extra_args": False})
