@@ -5,6 +5,7 @@ does not resolve, an endpoint that is not HOST:PORT. docs/scale.md."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -67,3 +68,50 @@ def test_deepspeed_hostfile_mistakes_name_the_file_and_line(tmp_path, text, says
     res, _ = _train(tmp_path, "--launcher", "deepspeed", "--hostfile", str(hostfile))
     assert res.returncode == 2, res.stderr[-2000:]
     assert says in res.stderr and "Traceback" not in res.stderr and "launching" not in res.stderr
+
+
+def _hostfile(tmp_path, text):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(text)
+    return hostfile
+
+
+def _ds_train(tmp_path, hostfile, *args, env=None):
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", trainer__max_steps=1)
+    return run_cli("train", path, "--nproc", "2", "--launcher", "deepspeed", "--hostfile", str(hostfile), *args,
+                   timeout=120, env=env or cli_env())
+
+
+def _one_message(res, *says):
+    assert res.returncode == 2, res.stderr[-3000:]
+    for s in says:
+        assert s in res.stderr, res.stderr[-3000:]
+    assert "fix:" in res.stderr and "Traceback" not in res.stderr
+    assert "launching" not in res.stderr and "resume" not in res.stderr     # nothing started: nothing to resume
+
+
+def test_deepspeed_hostfile_host_not_reachable_over_ssh_is_one_message(tmp_path):
+    """The DeepSpeed launcher checks `ssh HOST hostname` itself, and failing, printed two
+    tracebacks and then rltune's resume hint for a job that never started (issue 45, 11d)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ssh = bin_dir / "ssh"     # an ssh that reaches nothing (as here: no ssh server), wherever ssh is installed
+    ssh.write_text("#!/bin/sh\necho 'ssh: connect to host localhost port 22: Connection refused' >&2\nexit 255\n")
+    ssh.chmod(0o755)
+    env = cli_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    res = _ds_train(tmp_path, _hostfile(tmp_path, "localhost slots=2\n"), env=env)
+    _one_message(res, "localhost is not reachable over ssh", "Connection refused")
+
+
+def test_deepspeed_hostfile_without_ssh_or_pdsh_is_one_message(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    env = cli_env(PATH=str(bin_dir))     # no ssh, no pdsh
+    res = _ds_train(tmp_path, _hostfile(tmp_path, "localhost slots=2\n"), env=env)
+    _one_message(res, "`ssh` is not on PATH")
+    # ssh that works, two hosts: the launcher starts them with pdsh
+    ssh = bin_dir / "ssh"
+    ssh.write_text("#!/bin/sh\necho node\n")
+    ssh.chmod(0o755)
+    res = _ds_train(tmp_path, _hostfile(tmp_path, "node1 slots=2\nnode2 slots=2\n"), "--nnodes", "2", env=env)
+    _one_message(res, "`pdsh` is not on PATH")

@@ -115,9 +115,55 @@ def hostfile_problem(launcher_args: list[str]) -> str | None:
     return None
 
 
+def _hostfile_hosts(name: str) -> list[str]:
+    from pathlib import Path
+
+    with Path(name).open(encoding="utf-8", errors="replace") as f:
+        return [t.split()[0] for t in (line.split("#", 1)[0].strip() for line in f) if t]
+
+
+def ssh_problem(launcher_args: list[str], nnodes: int) -> str | None:
+    """With a hostfile the DeepSpeed launcher runs `ssh HOST hostname` on its first host (and
+    `ssh HOST hostname -I` for the master address) before anything starts, and starts the ranks
+    of several hosts with pdsh. A missing ssh or pdsh, or a host that ssh does not reach without a
+    password, ended in two chained tracebacks (and rltune's resume hint for a job that never
+    started): here, one message and the fix, before the launcher starts. Checks the hosts the job
+    uses (the first --nnodes of the file, as the launcher takes them). After hostfile_problem."""
+    import shutil
+
+    name = _arg(launcher_args, "--hostfile")
+    if not name:
+        return None
+    hosts = _hostfile_hosts(name)[:max(nnodes, 1)]
+    alone = ("on one node, leave out --hostfile (`--launcher deepspeed --nproc N` needs no ssh); or use torchrun's "
+             "rendezvous (`--rdzv-endpoint HOST:PORT` on every node)")
+    if shutil.which("ssh") is None:
+        return (f"--hostfile {name}: the DeepSpeed launcher reaches the hosts it lists over ssh, and `ssh` is not on "
+                f"PATH here\n  fix: install an ssh client with passwordless login to every host in it; or, {alone}")
+    if len(hosts) > 1 and shutil.which("pdsh") is None:
+        return (f"--hostfile {name}: the DeepSpeed launcher starts the ranks of its {len(hosts)} hosts with pdsh, and "
+                f"`pdsh` is not on PATH here\n  fix: install pdsh (e.g. `apt-get install pdsh`) on this node; or "
+                "use torchrun's rendezvous (`--rdzv-endpoint HOST:PORT` on every node)")
+    for host in hosts:
+        cmd = ["ssh", "-o", "PasswordAuthentication=no", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", host,
+               "hostname"]
+        try:
+            done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:200]
+        except subprocess.TimeoutExpired:
+            done, why = None, "no answer in 30 s"
+        except OSError as err:
+            done, why = None, str(err)
+        if done is None or done.returncode != 0:
+            return (f"--hostfile {name}: host {host} is not reachable over ssh without a password ({why}); the "
+                    f"DeepSpeed launcher starts its ranks that way\n  fix: set up passwordless ssh to every host in "
+                    f"{name} (`ssh {host} hostname` must work without a prompt); or, {alone}")
+    return None
+
+
 def launch(recipe, recipe_path, overrides, resume, allow_recipe_change, quiet, launcher_args, extra=()) -> int:
     if recipe.trainer.launcher == "deepspeed":
-        problem = hostfile_problem(launcher_args)
+        problem = hostfile_problem(launcher_args) or ssh_problem(launcher_args, recipe.trainer.nnodes)
         if problem:
             print(f"rltune: {problem}", file=sys.stderr)
             return 2
