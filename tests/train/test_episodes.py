@@ -274,3 +274,44 @@ def test_the_overlong_penalty_and_clip_ratio_read_each_turn_not_the_episode():
     s, _, _ = episode(["8", "123…"])                            # turn 2 fills the budget without an EOS
     long_turn = s.exp.turn_lengths.tolist()[0]
     assert long_turn >= 3 and s.raw["overlong"][0] == pytest.approx(-min(1.0, (long_turn - 2) / 2))
+
+
+def test_lone_surrogates_in_an_environments_text_become_u_fffd_not_a_crash(tmp_path):
+    """Issue 45 item 10: a non-UTF-8 file name (os.fsdecode gives a lone surrogate) in what reset,
+    a tool or step returns is no crash of tokenisation or rendering: the model sees U+FFFD, and
+    the conversation the reward functions get holds U+FFFD too."""
+    import json
+
+    from rltune.train.episodes import play
+
+    (tmp_path / "files.py").write_text(textwrap.dedent('''
+        import os
+
+        NAME = os.fsdecode(b"caf\\xe9.txt")          # "caf\\udce9.txt"
+
+        class Files:
+            def reset(self, row):
+                return "The folder holds " + NAME
+            def ls(self, folder: str) -> str:
+                """List a folder.
+
+                Args:
+                    folder: its path
+                """
+                return NAME + " and \\ud800"
+
+        class Turns:
+            def reset(self, row):
+                return [{"role": "user", "content": "Open " + NAME}]
+            def step(self, text):
+                return {"messages": [{"role": "user", "content": "No: " + NAME}], "done": False}
+    '''))
+    call = '<tool_call>{"name": "ls", "arguments": {"folder": "."}}</tool_call>'
+    for env, turns in (("files.py:Files", [call, "done"]), ("files.py:Turns", ["a", "b"])):
+        c = _components(_recipe(env, max_turns=2), turns, tmp_path)
+        ep = play(c, [ROW], "prompt", 1)
+        text = c.tokenizer.decode(ep.exp.prompt_ids[0]) + c.tokenizer.decode(ep.exp.response_ids[0])
+        assert "caf\ufffd.txt" in text and "\ud800" not in text, env
+        messages = json.dumps(ep.conversations[0], ensure_ascii=False)
+        messages.encode("utf-8")                                       # no surrogate left anywhere
+        assert messages.count("caf\ufffd.txt") >= 2, env

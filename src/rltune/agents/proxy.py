@@ -25,20 +25,19 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
+from .rendering import SURROGATE, clean_text
 from .tools import CLOSE, OPEN, parse_tool_calls
 
 LOG = logging.getLogger("rltune")
 MAX_BODY = 64 << 20          # a request larger than this is refused (413)
 MAX_DEPTH = 64               # JSON nested deeper than this is refused (400): a chat request nests ~10 levels
 MODEL_ID = "policy"
-SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class BadRequest(Exception):
@@ -72,13 +71,6 @@ def read_body(raw: bytes):
                 v = holder[k] = {clean_text(key): item for key, item in v.items()}
             stack.extend((v, j, depth + 1) for j in (v if isinstance(v, dict) else range(len(v))))
     return root[0]
-
-
-def clean_text(text: str) -> str:
-    """`text` with each lone UTF-16 surrogate (JSON's "\\ud800" unpaired; a non-UTF-8 file name
-    decoded with surrogateescape) replaced by U+FFFD: no tokenizer, template or UTF-8 log takes
-    them. Valid text is returned as it is."""
-    return SURROGATE.sub("\ufffd", text) if SURROGATE.search(text) else text
 
 
 def request_messages(body: dict) -> tuple[list[dict], list[dict] | None]:
@@ -311,5 +303,5 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, payload)
 
 
-__all__ = ["BadRequest", "ChatProxy", "clean_text", "completion", "error", "normalise_message", "read_body",
+__all__ = ["BadRequest", "ChatProxy", "completion", "error", "normalise_message", "read_body",
            "reply_message", "request_messages", "same_message"]

@@ -18,18 +18,39 @@ the break become its prompt, not trained; `episode/prefix_breaks` counts it).
 Tokenizers without a chat template (the tiny test models) get a plain one: `role: content` turns,
 each ended by the EOS token, so a model turn ends where its EOS is sampled. Templates that ignore
 `tools=` get the tool schemas in a system message instead, with the `<tool_call>` format to use.
+Lone UTF-16 surrogates (a non-UTF-8 file name an environment read) are rendered as U+FFFD.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 # a chat template for tokenizers that have none: each turn `role: content` + EOS
 PLAIN_TEMPLATE = ("{{ bos_token if bos_token else '' }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
                   "{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
 
+SURROGATE = re.compile("[\ud800-\udfff]")   # a lone UTF-16 surrogate (a valid pair decodes to one character)
+
 TOOLS_PREAMBLE = ("You can call tools. To call one, write\n<tool_call>\n{\"name\": TOOL_NAME, \"arguments\": "
                   "{ARGUMENTS}}\n</tool_call>\nand wait for its answer. The tools, as JSON schemas:\n")
+
+
+def clean_text(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate replaced by U+FFFD. They come from JSON's unpaired
+    "\\ud800" escapes and from undecodable bytes read with surrogateescape (os.listdir's non-UTF-8
+    file names); no tokenizer, chat template or UTF-8 log takes them. Valid text comes back as it is."""
+    return SURROGATE.sub("\ufffd", text) if SURROGATE.search(text) else text
+
+
+def clean_messages(messages: list[dict]) -> list[dict]:
+    """The messages with `clean_text` applied to their str values (content, name, ...): copies
+    where something changed, the same dicts where nothing did."""
+    out = []
+    for m in messages:
+        bad = [k for k, v in m.items() if isinstance(v, str) and SURROGATE.search(v)]
+        out.append({**m, **{k: clean_text(m[k]) for k in bad}} if bad else m)
+    return out
 
 
 class Renderer:
@@ -46,8 +67,9 @@ class Renderer:
         return self._render(probe, True, self.tools) != self._render(probe, True, None)
 
     def _render(self, messages: list[dict], generation_prompt: bool, tools) -> str:
-        return self.tok.apply_chat_template(messages, tools=tools, chat_template=self.template,
-                                            add_generation_prompt=generation_prompt, tokenize=False)
+        """The template's text, lone surrogates (in messages or tool schemas) as U+FFFD (clean_text)."""
+        return clean_text(self.tok.apply_chat_template(messages, tools=tools, chat_template=self.template,
+                                                       add_generation_prompt=generation_prompt, tokenize=False))
 
     def start(self, messages: list[dict]) -> list[dict]:
         """The episode's first messages as the model reads them: with the tools in a system
@@ -64,7 +86,7 @@ class Renderer:
         return self._render(messages, True, self.tools if self.native_tools else None)
 
     def ids(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+        return list(self.tok(clean_text(text), add_special_tokens=False)["input_ids"])
 
     def env_delta(self, seen: str, messages: list[dict]) -> tuple[list[int], str] | None:
         """(ids, text) of the environment's turn: what rendering `messages` (the whole conversation,
@@ -77,4 +99,4 @@ class Renderer:
         return self.ids(extra), extra
 
 
-__all__ = ["Renderer", "PLAIN_TEMPLATE"]
+__all__ = ["Renderer", "PLAIN_TEMPLATE", "clean_messages", "clean_text"]

@@ -59,6 +59,7 @@ def load_environment(recipe, tokenizer, recipe_dir: Path):
 def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> Played:
     """`n` episodes of every row, to their end; see the module docstring for the turns."""
     from ..agents.env import Session, gives_reward
+    from ..agents.rendering import clean_messages
     from ..agents.isolate import EnvPool
 
     from ..agents.env import is_agent
@@ -75,7 +76,7 @@ def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> 
     for row in rows:
         for _ in range(n):
             session = cls.session() if isinstance(cls, EnvPool) else Session(cls, ro.tool_timeout_s)
-            messages = render.start(session.start(row, prompt_messages(row, prompt_key, r.data)))
+            messages = render.start(clean_messages(session.start(row, prompt_messages(row, prompt_key, r.data))))
             text = render.text(messages)
             ids = render.ids(text)[-r.data.max_prompt_length:]
             episodes.append(Episode(session, row, prompt_text(row, prompt_key), messages, ids, text,
@@ -113,7 +114,9 @@ def _take_turn(e: Episode, out: Experience, i: int, eos: set, tok, render, ro, m
     if done:
         e.done = True
         return
-    e.messages = e.messages + list(new)
+    from ..agents.rendering import clean_messages
+
+    e.messages = e.messages + clean_messages(list(new))     # lone surrogates as U+FFFD (rendering.clean_text)
     if last_turn:                      # rollout.max_turns: the environment wanted another turn
         e.done = e.truncated = True
         return
