@@ -318,3 +318,30 @@ def test_the_endpoint_answers_malformed_requests_and_a_lone_surrogate_reaches_th
     assert "file caf\ufffd.txt" in c.tokenizer.decode(ep.exp.prompt_ids[0]) and ep.env_scores == [1.0]
     out, err = capfd.readouterr()
     assert "Traceback" not in out + err
+
+
+def test_an_agent_prompt_longer_than_max_prompt_length_is_reported_once_not_cut_silently(caplog):
+    """Issue 45 item 10: an agent's first request (its system prompt, its tools) longer than
+    data.max_prompt_length is left-truncated and said once, as a single-turn prompt is."""
+    from rltune.agents.rendering import Renderer
+    from rltune.models.loading import load_tokenizer
+    from rltune.train.episodes import play
+
+    def agent(client, row):
+        client.chat.completions.create(model="m", messages=[
+            {"role": "system", "content": "You are a careful assistant. " * 20}, {"role": "user", "content": "x"}])
+        return 1.0
+
+    tok = load_tokenizer(TOKENIZER)
+    recipe = _recipe()
+    recipe = recipe.model_copy(update={"data": recipe.data.model_copy(update={"max_prompt_length": 24})})
+    c = SimpleNamespace(recipe=recipe, tokenizer=tok, rollout=Answering(tok, lambda prompt: "y"), env=(agent, Renderer(tok)))
+    with caplog.at_level(logging.WARNING, logger="rltune"):
+        ep = play(c, [{"prompt": "p"}], "prompt", 2)
+    assert int(ep.exp.prompt_mask[0].sum()) == 24
+    warnings = [r.getMessage() for r in caplog.records if "max_prompt_length" in r.getMessage()]
+    assert len(warnings) == 1 and "2 of 2 episode prompts" in warnings[0] and "left-truncated" in warnings[0], caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rltune"):
+        play(c, [{"prompt": "p"}], "prompt", 1)
+    assert "max_prompt_length" not in caplog.text

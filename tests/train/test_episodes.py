@@ -315,3 +315,37 @@ def test_lone_surrogates_in_an_environments_text_become_u_fffd_not_a_crash(tmp_p
         messages = json.dumps(ep.conversations[0], ensure_ascii=False)
         messages.encode("utf-8")                                       # no surrogate left anywhere
         assert messages.count("caf\ufffd.txt") >= 2, env
+
+
+def _short_prompts(recipe: Recipe, n: int) -> Recipe:
+    return recipe.model_copy(update={"data": recipe.data.model_copy(update={"max_prompt_length": n})})
+
+
+def test_an_episode_prompt_longer_than_max_prompt_length_is_reported_once_not_cut_silently(tmp_path, caplog):
+    """Issue 45 item 10: a system prompt (reset's messages, the tools) longer than
+    data.max_prompt_length is left-truncated as a single-turn prompt is, and said as one is: one
+    warning, with the count, the longest and the fix (once per run, not every step)."""
+    import logging
+
+    from rltune.train.episodes import play
+
+    (tmp_path / "talky.py").write_text(textwrap.dedent('''
+        class Talky:
+            def reset(self, row):
+                return [{"role": "system", "content": "You are a careful assistant. " * 20},
+                        {"role": "user", "content": row["prompt"]}]
+            def step(self, text):
+                return {"done": True}
+    '''))
+    c = _components(_short_prompts(_recipe("talky.py:Talky"), 24), ["a", "b"], tmp_path)
+    with caplog.at_level(logging.WARNING, logger="rltune"):
+        ep = play(c, [ROW, {"prompt": "hi"}], "prompt", 1)
+    assert int(ep.exp.prompt_mask[0].sum()) == 24                   # left-truncated, as single-turn prompts are
+    warnings = [r.getMessage() for r in caplog.records if "max_prompt_length" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text
+    assert "2 of 2 episode prompts of this step" in warnings[0] and "longer than data.max_prompt_length (24 tokens" in warnings[0]
+    assert "left-truncated" in warnings[0] and "fix: raise data.max_prompt_length to" in warnings[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rltune"):
+        play(c, [ROW], "prompt", 1)
+    assert "max_prompt_length" not in caplog.text                    # said once per run

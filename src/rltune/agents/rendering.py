@@ -61,6 +61,7 @@ class Renderer:
         self.template = getattr(tokenizer, "chat_template", None) or PLAIN_TEMPLATE
         self.tools = tools or None
         self.native_tools = bool(self.tools) and self._renders_tools()
+        self.warned_long_prompts = False   # a run's episode prompts over data.max_prompt_length were said (once)
 
     def _renders_tools(self) -> bool:
         probe = [{"role": "user", "content": "x"}]

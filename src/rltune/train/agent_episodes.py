@@ -45,7 +45,8 @@ from ..agents.proxy import BadRequest, ChatProxy, completion, error, normalise_m
     request_messages, same_message
 from ..agents.rendering import Renderer
 from ..rollout.base import Sampling
-from .episode_rows import Episode, Played, append_turn, episode_metrics, experience, restart, sampled
+from .episode_rows import Episode, Played, append_turn, episode_metrics, experience, restart, sampled, \
+    warn_long_prompts
 from .prompts import prompt_text
 
 LOG = logging.getLogger("rltune")
@@ -82,6 +83,7 @@ def play_agents(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = Fal
                 for i, row in enumerate(rows) for j in range(n)]
     run.play(episodes)
     c.rollout.sleep()
+    warn_long_prompts(c.env[1], run.prompt_lengths, run.max_prompt)
     scores = [e.session.reward(ended=bool(e.ended)) for e in episodes]
     crashed = [e for e in episodes if e.session.crashed]
     if crashed and len(crashed) == len(episodes):
@@ -112,6 +114,7 @@ class _AgentRun:
         self.pending: list[_Request] = []
         self.by_key: dict[str, AgentEpisode] = {}
         self.renderers: dict[str, Renderer] = {}
+        self.prompt_lengths: list[int] = []     # of each episode's first request, untruncated (warn_long_prompts)
 
     # ---------------------------------------------------------------- the trainer's thread
 
@@ -253,7 +256,9 @@ class _AgentRun:
             raise BadRequest(f"this episode has ended: {e.ended}")
         if not e.prompt_ids:                      # the episode's first request: its prompt
             e.seen = render.text(messages)
-            e.prompt_ids = render.ids(e.seen)[-self.max_prompt:]
+            ids = render.ids(e.seen)
+            self.prompt_lengths.append(len(ids))
+            e.prompt_ids = ids[-self.max_prompt:]
             e.messages = messages
             return list(e.prompt_ids)
         delta = render.env_delta(e.seen, messages)

@@ -4,6 +4,7 @@ exactly as sampled, the restart at a prefix break, the batch and the per-rank me
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -89,6 +90,25 @@ def restart(e: Episode, render, ro, max_prompt: int) -> None:
         e.done = e.truncated = True
 
 
+def warn_long_prompts(render, lengths: list[int], max_prompt: int) -> None:
+    """One warning for the episode prompts (an environment's first messages, an agent's first
+    request, rendered with the tools) longer than data.max_prompt_length: they are
+    left-truncated, as single-turn prompts are (prompts.truncation_warning), and said once per
+    run (`render`, the run's Renderer, remembers it), with the count and the longest."""
+    over = [n for n in lengths if n > max_prompt]
+    if not over or getattr(render, "warned_long_prompts", False):
+        return
+    render.warned_long_prompts = True
+    longest = max(over)
+    logging.getLogger("rltune").warning(
+        "rollout.env: %d of %d episode prompts of this step are longer than data.max_prompt_length (%d tokens; the "
+        "longest has %d) and are left-truncated: the policy does not see their beginning (the system prompt, the "
+        "tools; said once per run)\n  fix: raise data.max_prompt_length to %d (rollout.max_model_len and reward.max_length "
+        "must then hold it plus rollout.max_episode_tokens and one turn), or shorten the environment's first "
+        "messages (an agent's system prompt) or the tools' descriptions", len(over), len(lengths), max_prompt,
+        longest, longest)
+
+
 def experience(episodes: list[Episode], pad_id: int) -> Experience:
     """The batch: prompts left-padded, every episode's turns right-padded; `loss_mask` marks the
     model's tokens, `response_mask` every real one."""
@@ -134,4 +154,5 @@ def episode_metrics(episodes: list[Episode]) -> dict:
             "episode/env_tokens": float(sum(len(e.trained) - sum(e.trained) for e in episodes))}
 
 
-__all__ = ["Episode", "Played", "append_turn", "episode_metrics", "experience", "restart", "sampled"]
+__all__ = ["Episode", "Played", "append_turn", "episode_metrics", "experience", "restart", "sampled",
+           "warn_long_prompts"]

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from ..rollout.base import Sampling
 from ..rollout.experience import Experience
-from .episode_rows import Episode, Played, append_turn, episode_metrics, experience, restart, sampled
+from .episode_rows import Episode, Played, append_turn, episode_metrics, experience, restart, sampled, \
+    warn_long_prompts
 from .prompts import prompt_messages, prompt_text
 
 
@@ -73,14 +74,18 @@ def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> 
         return play_agents(c, rows, prompt_key, n, greedy)
     eos = set(c.rollout.eos_ids)
     episodes: list[Episode] = []
+    lengths: list[int] = []              # of the prompts, untruncated: those over data.max_prompt_length are said
     for row in rows:
         for _ in range(n):
             session = cls.session() if isinstance(cls, EnvPool) else Session(cls, ro.tool_timeout_s)
             messages = render.start(clean_messages(session.start(row, prompt_messages(row, prompt_key, r.data))))
             text = render.text(messages)
-            ids = render.ids(text)[-r.data.max_prompt_length:]
+            ids = render.ids(text)
+            lengths.append(len(ids))
+            ids = ids[-r.data.max_prompt_length:]
             episodes.append(Episode(session, row, prompt_text(row, prompt_key), messages, ids, text,
                                     limit=ro.max_episode_tokens))
+    warn_long_prompts(render, lengths, r.data.max_prompt_length)
     sampling = Sampling.from_recipe(ro, 1, greedy=greedy)
     for _turn in range(ro.max_turns):
         active = [e for e in episodes if not e.done]
