@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -20,10 +19,43 @@ class DistInfo:
         return self.rank == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@contextmanager
+def _env(**values: str):
+    """os.environ with `values` set inside the block, as it was after it."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _init_alone(backend: str, timeout) -> None:
+    """A world of one, with nothing another host can reach (issue 45 item 2): torch's TCPStore
+    listens on every interface whatever MASTER_ADDR says, and anyone who reached it could read
+    and write its keys and store as much as they liked in the trainer. One process has no peer to
+    meet, so its store is a HashStore (no socket). Its gloo group's own listener (gloo opens one
+    even for one rank) binds the loopback interface; NCCL's bootstrap too, unless the user chose
+    an interface (NCCL_SOCKET_IFNAME). Groups made later in the process (the rollout server's
+    weight-transfer group) choose their own interface."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    with _env(GLOO_SOCKET_IFNAME="lo", TORCH_GLOO_SOCKET_IFNAME="lo"):
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)  # takes the group as it is
+        try:   # DeepSpeed's copy of the world, made once per process for every engine's data-parallel group
+            from deepspeed.utils import groups
+
+            groups._clone_world_group()
+        except Exception:  # noqa: BLE001 - another DeepSpeed: its copy is made later, on the default interface
+            pass
 
 
 def pick_device(requested: str) -> str:
@@ -47,8 +79,8 @@ def init_distributed(requested_device: str = "auto", timeout_s: float = 1800.0) 
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     # a single process started without a launcher: give it a world of one
     if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    alone = os.environ.get("WORLD_SIZE", "1") == "1"
     import deepspeed
     import deepspeed.ops
 
@@ -62,8 +94,11 @@ def init_distributed(requested_device: str = "auto", timeout_s: float = 1800.0) 
         from datetime import timedelta
 
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        deepspeed.init_distributed(dist_backend="gloo" if device_kind == "cpu" else "nccl",
-                                   verbose=False, timeout=timedelta(seconds=float(timeout_s)))
+        backend, timeout = "gloo" if device_kind == "cpu" else "nccl", timedelta(seconds=float(timeout_s))
+        if alone:
+            _init_alone(backend, timeout)
+        else:
+            deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_kind == "cuda":
