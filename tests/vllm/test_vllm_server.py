@@ -66,6 +66,35 @@ def test_token_ids_in_token_ids_and_the_actors_log_probs_out(served):
     assert (exp.rollout_logp - _actor_logp(model, exp)).abs().max() < 1e-4
 
 
+def test_only_the_trainer_reaches_the_servers_routes(served):
+    """Issue 45: the server's dev and RL routes change its state (/collective_rpc wrote a file in
+    the trainer's directory, /weight_checker zeroes weights, /pause stalls the run,
+    /update_weights loads any file): a request without the run's secret, or with another, gets
+    401 on every route; the secret is in the server's environment, never its argv; the server
+    proves it holds it without being sent it."""
+    from rltune.rollout.server import ServerError, call, prove_identity
+    from rltune.rollout.server_auth import new_secret
+
+    engine, _ = served
+    routes = [("POST", "/collective_rpc", {"method": "save_sharded_state", "kwargs": {"path": "/tmp/x"}}),
+              ("POST", "/pause", None), ("POST", "/resume", None), ("POST", "/weight_checker", {}),
+              ("POST", "/update_weights", {"update_info": {"path": "/etc/passwd"}}),
+              ("POST", "/start_weight_update", None), ("POST", "/reset_prefix_cache", None),
+              ("POST", "/init_weight_transfer_engine", {"init_info": {}}), ("GET", "/weight_info", None),
+              ("POST", "/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"max_tokens": 1}}),
+              ("GET", "/v1/models", None), ("GET", "/health", None), ("GET", "/metrics", None),
+              ("GET", "/docs", None), ("POST", "/sleep", None)]
+    for method, route, body in routes:
+        for secret in (None, new_secret(), engine.secret[:-1]):
+            with pytest.raises(ServerError, match="HTTP 401"):
+                call(engine.base_url, method, route, body, timeout_s=10.0, secret=secret)
+    assert call(engine.base_url, "GET", "/weight_info", secret=engine.secret)["weight_version"] is not None
+    assert prove_identity(engine.base_url, engine.secret)
+    pid = _server_pid(engine)
+    assert engine.secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert b"rltune.rollout.server_launch" in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
 def test_stop_strings_end_responses_where_they_appear(served):
     """rollout.stop with the server: a response ends with the first stop string (kept), its ids
     and log-probs still the sampled ones and the actor's."""
@@ -184,8 +213,9 @@ def test_weights_over_a_gloo_group_reach_an_attached_server(tmp_path):
     owner = VLLMServerRollout(d, tok, _recipe(server={"weight_transfer": "gloo", "request_timeout_s": 30.0}).rollout,
                               max_len=128, log_dir=tmp_path)
     try:
+        os.environ["RLTUNE_TEST_SERVER_SECRET"] = owner.secret   # as a user exports the secret it started it with
         cfg = _recipe(server={"url": owner.base_url, "weight_transfer": "gloo", "trainer_address": "127.0.0.1",
-                              "request_timeout_s": 30.0}).rollout
+                              "request_timeout_s": 30.0, "secret_env": "RLTUNE_TEST_SERVER_SECRET"}).rollout
         engine = VLLMServerRollout(d, tok, cfg, max_len=128)
         model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
         torch.manual_seed(1)
@@ -203,7 +233,8 @@ def test_weights_over_a_gloo_group_reach_an_attached_server(tmp_path):
         sampled = engine.generate(PROMPTS, Sampling(n=2, max_new_tokens=6))
         assert (sampled.rollout_logp - _actor_logp(model, sampled)).abs().max() < 1e-4
         engine.close()
-        wrong = _recipe(server={"url": owner.base_url, "weight_transfer": "file", "request_timeout_s": 30.0}).rollout
+        wrong = _recipe(server={"url": owner.base_url, "weight_transfer": "file", "request_timeout_s": 30.0,
+                                "secret_env": "RLTUNE_TEST_SERVER_SECRET"}).rollout
         with pytest.raises(ServerError, match="backend must be rltune_file for rollout.server.weight_transfer: file"):
             VLLMServerRollout(d, tok, wrong, max_len=128)
     finally:

@@ -141,6 +141,42 @@ def vllm_server_unsupported(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
                   "full (merged) weights only", "set rollout.lora_sync: merged, or rollout.engine: vllm")
 
 
+@rule("server-remote-access", "error",
+      "rollout.server.host 0.0.0.0 / :: (or --host in rollout.server.extra_args) without "
+      "rollout.server.allow_remote: true (a warning with it); rollout.server.url without rollout.server.secret_env "
+      "(a warning)",
+      "the server's routes change its weights and state (/update_weights, /collective_rpc, /pause): a wildcard host "
+      "opens them to the network, guarded by the run's secret only; an attached server without a secret cannot "
+      "prove it is the one you started, and anyone who reaches it can change what the trainer samples")
+def server_remote_access(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    ro = r.rollout
+    if ro.engine != "vllm-server":
+        return
+    srv = ro.server
+    if srv.url:
+        if not srv.secret_env:
+            yield Hit("rollout.server.secret_env", f"rollout.server.url {srv.url} without rollout.server.secret_env: "
+                      "the trainer sends weights and prompts to whatever answers there, unauthenticated",
+                      "start the server with rltune's launcher and a secret (docs/rollout-server.md, attaching) and set "
+                      "rollout.server.secret_env to the variable holding it", severity="warning")
+        return
+    args = [str(a) for a in srv.extra_args]
+    host = next((a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+                 for i, a in enumerate(args) if a == "--host" or a.startswith("--host=")), None)
+    where = "rollout.server.extra_args" if host is not None else "rollout.server.host"
+    host = srv.host if host is None else host
+    loopback = host.strip() in ("127.0.0.1", "localhost", "::1") or host.strip().startswith("127.")
+    if host.strip() in ("0.0.0.0", "::", "[::]", "", "*") or (where == "rollout.server.extra_args" and not loopback):
+        if srv.allow_remote:
+            yield Hit(where, f"the started server listens on {host!r} (rollout.server.allow_remote: true): anyone who "
+                      "reaches this machine reaches its routes, guarded by the run's secret only",
+                      "rollout.server.host: 127.0.0.1 unless another machine must reach it", severity="warning")
+        else:
+            yield Hit(where, f"the started server would listen on {host!r}: {RULES['server-remote-access'].why}",
+                      "rollout.server.host: 127.0.0.1 (and no --host in extra_args), or rollout.server.allow_remote: "
+                      "true to mean it")
+
+
 @rule("restarts-without-checkpoints", "warning", "trainer.max_restarts with trainer.save_every 0",
       "a restart goes on from the last valid checkpoint; with none saved during the run, every restart starts "
       "the run over from step 0")

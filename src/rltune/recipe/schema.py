@@ -200,11 +200,13 @@ class CriticCfg(OptimCfg):
 
 
 class RolloutServerCfg(Section):
-    url: Optional[str] = F(None, "rollout.engine vllm-server: attach to this running server (http://host:port; started with VLLM_SERVER_DEV_MODE=1, --enable-scale-out and the weight-transfer backend docs/rollout-server.md names) instead of starting one.")
-    host: str = F("127.0.0.1", "rollout.engine vllm-server: the address the started server listens on.")
-    port: Optional[int] = F(None, "rollout.engine vllm-server: its port; null = a free one.", ge=1, le=65535)
+    url: Optional[str] = F(None, "rollout.engine vllm-server: attach to this running server (http://host:port; started with rltune's launcher, a secret, --enable-scale-out and the weight-transfer backend, as docs/rollout-server.md says) instead of starting one. Credentials in it are refused: the secret goes in secret_env.")
+    host: str = F("127.0.0.1", "rollout.engine vllm-server: the address the started server listens on (every route takes a per-run secret; a wildcard address, 0.0.0.0 or ::, needs allow_remote: true).")
+    allow_remote: bool = F(False, "rollout.engine vllm-server: let the started server listen on every interface (host 0.0.0.0 / ::, or --host in extra_args). Its routes still take the run's secret, but anyone on the network can reach them; without this, such a host is an error (lint server-remote-access).")
+    secret_env: Optional[str] = F(None, "rollout.server.url: the name of an environment variable holding the attached server's secret (the RLTUNE_SERVER_SECRET it was started with, docs/rollout-server.md); never the secret itself. The trainer checks the server proves it holds it before sending anything, and sends it on every request.", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    port: Optional[int] = F(None, "rollout.engine vllm-server: its port; null = a free one. A port already in use is refused at start.", ge=1, le=65535)
     startup_timeout_s: float = F(600.0, "Seconds the started server may take to answer /health.", gt=0, le=7200)
-    request_timeout_s: float = F(300.0, "Seconds one request (a generation, a step of a weight sync) may take before the run stops with the server's log tail.", gt=0, le=7200)
+    request_timeout_s: float = F(300.0, "Seconds the whole of one request (a generation, a step of a weight sync: connecting, sending, every byte of the answer) may take before the run stops with the server's log tail.", gt=0, le=7200)
     max_in_flight: int = F(64, "Generation requests sent at once (one per prompt).", ge=1, le=4096)
     extra_args: list[str] = F([], "More `vllm serve` arguments, e.g. [--max-num-seqs, '128'].")
     devices: Optional[list[int]] = F(None, "Where the started server runs: GPU ids on CUDA (its CUDA_VISIBLE_DEVICES: GPUs the trainer does not use give the separate placement), CPU core ids on a CPU (the server pinned to them, vLLM's OpenMP threads bound there; pin the trainer to the others with taskset); null = the trainer's devices (colocated). docs/async.md, placement.")

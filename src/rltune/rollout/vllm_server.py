@@ -2,10 +2,13 @@
 the trainer's devices (or a running one at `rollout.server.url`), spoken to over HTTP
 (docs/rollout-server.md).
 
-- **Start and stop**: the installed vLLM's API server (the code behind `vllm serve`) with
-  `VLLM_SERVER_DEV_MODE=1` (its RL routes), `--enable-scale-out` (token-in/token-out
-  generation) and the `rltune_file` weight-transfer backend (vllm_plugin.py), behind
-  `server.ServerProcess`: it never outlives the trainer.
+- **Start and stop**: the installed vLLM's API server (the code behind `vllm serve`) through
+  `python -m rltune.rollout.server_launch`: `VLLM_SERVER_DEV_MODE=1` (its RL routes), every
+  route behind a per-run secret (server_auth.py; the trainer checks the server proves it holds
+  it before sending anything), `--enable-scale-out` (token-in/token-out generation) and the
+  `rltune_file` weight-transfer backend (vllm_plugin.py), behind `server.ServerProcess`: it
+  never outlives the trainer.
+- **Untrusted answers**: every answer is checked before it is trained on (server_checks.py).
 - **Token-in, token-out**: one `POST /inference/v1/generate` per prompt (its `n` samples),
   `rollout.server.max_in_flight` at once: token ids in, sampled token ids and their log-probs
   out; nothing is re-tokenised. Log-probs are `processed_logprobs`: log_softmax(logits / T),
@@ -33,11 +36,25 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .base import Sampling
-from .server import ServerError, ServerProcess, call, free_port, healthy, route_address
+from .server import NotOurServer, ServerError, ServerProcess, call, free_port, healthy, prove_identity, route_address
+from .server_auth import SECRET_ENV, new_secret, secret_problem
+from .server_checks import check_answer, parse_version
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SYNC_BUCKET_BYTES = 512 << 20   # weights per /update_weights call (one safetensors file)
-SERVE = "from vllm.entrypoints.launchers.api_server.entry import main; main()"   # what `vllm serve` runs
+LAUNCH = "rltune.rollout.server_launch"   # vLLM's API server (what `vllm serve` runs) behind the run's secret
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "", "*")
+
+
+def remote_host(srv) -> str | None:
+    """The wildcard address the started server would listen on (rollout.server.host, or a --host
+    in rollout.server.extra_args), or None when it listens on the one address host names."""
+    args = [str(a) for a in srv.extra_args]
+    for i, a in enumerate(args):
+        if a == "--host" or a.startswith("--host="):
+            host = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+            return None if host.strip() in ("127.0.0.1", "localhost", "::1") or host.startswith("127.") else host
+    return srv.host if str(srv.host).strip() in WILDCARD_HOSTS else None
 
 
 def visible_device(device: str) -> str:
@@ -75,6 +92,8 @@ class VLLMServerRollout:
         self.max_model_len = int(rollout_cfg.max_model_len or default_max_model_len(
             max_len, getattr(hf_cfg, "max_position_embeddings", None)))
         self.timeout_s = float(srv.request_timeout_s)
+        self.vocab_size = int(getattr(text_cfg, "vocab_size", 0) or 0) or None
+        self.secret: str | None = None
         self.pool = ThreadPoolExecutor(max_workers=int(srv.max_in_flight), thread_name_prefix="rltune-rollout")
         self.version = 0                  # weight syncs done: the version the server's weights carry
         # "wait": a sync lets the requests in flight finish first; "keep" (rollout.asynchronous.partial):
@@ -87,9 +106,21 @@ class VLLMServerRollout:
         self.kv_cache_line = ""
         t0 = time.perf_counter()
         if srv.url:
+            from urllib.parse import urlsplit
+
+            if urlsplit(srv.url).username is not None or urlsplit(srv.url).password is not None:
+                raise ServerError("rollout.server.url holds credentials (user:password@), which rltune does not send\n  "
+                                  "fix: remove them; start the server with rltune's launcher and a secret, and set "
+                                  "rollout.server.secret_env to the variable holding it (docs/rollout-server.md)")
             self.base_url, self.log = srv.url.rstrip("/"), None
+            self.secret = self._attached_secret(srv)
             self._check_attached()
         else:
+            wildcard = remote_host(srv)
+            if wildcard is not None and not srv.allow_remote:
+                raise ServerError(f"rollout.server listens on {wildcard!r} (every interface): anyone on the network could "
+                                  "reach its routes\n  fix: rollout.server.host: 127.0.0.1 (and no --host in extra_args), "
+                                  "or rollout.server.allow_remote: true to mean it (every route still takes the run's secret)")
             port = srv.port + rank if srv.port else free_port(srv.host)       # one server per rank
             self.base_url = f"http://{srv.host}:{port}"
             self.log = Path(log_dir or tempfile.mkdtemp(prefix="rltune-server-")) / (
@@ -99,7 +130,8 @@ class VLLMServerRollout:
                 kv, self.kv_cache_line = cpu_kv_cache(rollout_cfg, text_cfg, precision, max_len, self.max_model_len,
                                                       seqs_per_call)
                 cmd += ["--kv-cache-memory-bytes", str(kv)]
-            env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+            self.secret = new_secret()   # in the child's environment, never its argv (world-readable)
+            env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", **{SECRET_ENV: self.secret})
             if own_device and self.device == "cuda":   # several ranks: each rank's server on the rank's GPU
                 env["CUDA_VISIBLE_DEVICES"] = visible_device(str(device))
             if srv.devices:                            # a placement of its own (rollout.server.devices)
@@ -108,7 +140,8 @@ class VLLMServerRollout:
                     env["CUDA_VISIBLE_DEVICES"] = ids
                 else:   # pinned by the guard; vLLM binds its OpenMP threads to the same cores
                     env.update(RLTUNE_SERVER_CPUS=ids, VLLM_CPU_OMP_THREADS_BIND=ids)
-            self.process = ServerProcess(cmd, self.base_url, self.log, env, srv.startup_timeout_s).start()
+            self.process = ServerProcess(cmd, self.base_url, self.log, env, srv.startup_timeout_s,
+                                         secret=self.secret).start()
         self.init_s = time.perf_counter() - t0
         self.transfer = srv.weight_transfer
         self.group = self.store = None
@@ -118,6 +151,8 @@ class VLLMServerRollout:
             else:
                 self._init_transfer({})
             self.expected_version = self.weight_version()   # the weights it loaded ("default")
+            if self.process is not None:   # its first generation compiles and warms up (16 s on a busy 2-core CPU):
+                self._warm_up(srv.startup_timeout_s)   # within the start's time, not a request's
         except ServerError:
             self.close()
             raise
@@ -156,7 +191,7 @@ class VLLMServerRollout:
     def _command(self, model_dir: str, srv, port: int, precision: str, seed, trust_remote_code: bool) -> list[str]:
         from .vllm_plugin import BACKENDS
 
-        cmd = [sys.executable, "-c", SERVE, "--model", model_dir, "--served-model-name", "policy",
+        cmd = [sys.executable, "-m", LAUNCH, "--model", model_dir, "--served-model-name", "policy",
                "--host", srv.host, "--port", str(port), "--dtype", _DTYPES[precision],
                "--seed", str(0 if seed is None else int(seed)), "--max-model-len", str(self.max_model_len),
                "--enable-scale-out", "--weight-transfer-config", '{"backend": "%s"}' % BACKENDS[srv.weight_transfer][0],
@@ -171,27 +206,60 @@ class VLLMServerRollout:
             cmd.append("--trust-remote-code")
         return cmd + [str(a) for a in srv.extra_args]
 
+    def _attached_secret(self, srv) -> str | None:
+        """rollout.server.secret_env: the attached server's secret, from the variable it names."""
+        if not srv.secret_env:
+            return None
+        secret = os.environ.get(srv.secret_env)
+        problem = secret_problem(secret)
+        if problem:
+            problem = problem.replace(SECRET_ENV, srv.secret_env)
+            raise ServerError(f"rollout.server.secret_env {srv.secret_env}: {problem}\n  fix: export {srv.secret_env} "
+                              "with the secret the server at rollout.server.url was started with "
+                              f"({SECRET_ENV}, docs/rollout-server.md)")
+        return secret
+
     def _check_attached(self) -> None:
-        """rollout.server.url: the server answers, with the RL routes (dev mode) on; syncs number
-        their versions on from the one it has."""
-        if not healthy(self.base_url, timeout_s=min(self.timeout_s, 10.0)):
+        """rollout.server.url: the server proves it holds the secret (with secret_env), answers,
+        with the RL routes (dev mode) on; syncs number their versions on from the one it has."""
+        if self.secret is not None:
+            try:
+                proven = prove_identity(self.base_url, self.secret, timeout_s=min(self.timeout_s, 10.0),
+                                        what="rollout.server.url's server")
+            except NotOurServer as err:
+                raise ServerError(f"{err}\n  fix: start it with rltune's launcher and the secret in "
+                                  f"{self.cfg.server.secret_env} (docs/rollout-server.md, attaching)") from None
+            if not proven:
+                raise ServerError(f"rollout.server.url {self.base_url} does not answer GET /rltune/identity\n  fix: "
+                                  "start the server (docs/rollout-server.md says how) or remove rollout.server.url to "
+                                  "have rltune start one")
+        try:
+            call(self.base_url, "GET", "/health", timeout_s=min(self.timeout_s, 10.0), secret=self.secret)
+        except ServerError as err:
+            if "answered HTTP 401" in str(err):
+                raise ServerError(f"rollout.server.url {self.base_url} refused the trainer (HTTP 401): it takes a "
+                                  "secret\n  fix: set rollout.server.secret_env to the name of a variable holding the "
+                                  "secret it was started with") from None
             raise ServerError(f"rollout.server.url {self.base_url} does not answer GET /health\n  fix: start the "
                               "server (docs/rollout-server.md says how) or remove rollout.server.url to have "
-                              "rltune start one")
+                              "rltune start one") from None
         try:
             info = self._get("/weight_info")
         except ServerError as err:
             raise ServerError(f"rollout.server.url {self.base_url} has no RL API (GET /weight_info failed)\n  fix: "
-                              f"start it with VLLM_SERVER_DEV_MODE=1 ({str(err).splitlines()[0]})") from None
-        v = str(info.get("weight_version"))
-        self.version = int(v) if v.isdigit() else 0
+                              f"start it with rltune's launcher, docs/rollout-server.md ({str(err).splitlines()[0]})") from None
+        self.version = parse_version(info.get("weight_version"), self.base_url)
+
+    def _warm_up(self, timeout_s: float) -> None:
+        body = {"token_ids": [int(min(self.eos_ids or {0}))], "sampling_params": {"max_tokens": 1, "logprobs": 0}}
+        call(self.base_url, "POST", "/inference/v1/generate", body, float(timeout_s), self.log, secret=self.secret)
 
     # -- HTTP --
     def _post(self, route: str, body: dict | None = None) -> dict:
-        return call(self.base_url, "POST", route, body, self.timeout_s, self.log)
+        return call(self.base_url, "POST", route, body, self.timeout_s, self.log, secret=self.secret)
 
     def _get(self, route: str) -> dict:
-        return call(self.base_url, "GET", route, None, self.timeout_s, self.log)
+        return call(self.base_url, "GET", route, None, self.timeout_s, self.log, secret=self.secret)
 
     # -- generation --
     def _params(self, s: Sampling) -> dict:
@@ -220,10 +288,7 @@ class VLLMServerRollout:
         rows: list[tuple[list[int], list[float]]] = []
         versions: list[list[int]] = []
         for answer in answers:
-            choices = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
-            if len(choices) != sampling.n:
-                raise ServerError(f"the rollout server returned {len(choices)} samples for a prompt, expected {sampling.n}")
-            for c in choices:
+            for c in check_answer(answer, sampling.n, sampling.max_new_tokens, self.vocab_size, self.base_url):
                 rows.append(self._sample(c))
                 versions.append(token_versions(c.get("weight_versions"), len(rows[-1][0]), sent_version))
         exp = experience_from_samples(prompt_ids, rows, sampling.n, self.pad_id, self.eos_ids)
@@ -231,13 +296,10 @@ class VLLMServerRollout:
         return exp
 
     def _sample(self, choice: dict) -> tuple[list[int], list[float]]:
-        """(token ids, log-probs) of one sample; counts it stale when it was (partly) sampled with
-        weights other than the latest sync's."""
+        """(token ids, log-probs) of one sample (checked by check_answer); counts it stale when it
+        was (partly) sampled with weights other than the latest sync's."""
         ids = [int(t) for t in choice.get("token_ids") or []]
-        content = (choice.get("logprobs") or {}).get("content") or []
-        if len(content) != len(ids):
-            raise ServerError(f"the rollout server returned {len(content)} log-probs for {len(ids)} tokens")
-        logps = [float(x["logprob"]) for x in content]
+        logps = [float(x["logprob"]) for x in (choice.get("logprobs") or {}).get("content") or []]
         if any(str(v.get("version")) != self.expected_version for v in choice.get("weight_versions") or []):
             self.stale_samples += 1
         return ids, logps
@@ -330,7 +392,7 @@ class VLLMServerRollout:
             os.unlink(path)
 
     def weight_version(self) -> str:
-        return str(self._get("/weight_info").get("weight_version"))
+        return str(self._get("/weight_info").get("weight_version"))[:64]
 
     # -- memory and lifetime --
     def sleep(self) -> None:
@@ -342,7 +404,8 @@ class VLLMServerRollout:
     def close(self) -> None:
         if getattr(self, "group", None) is not None and self.process is None:   # attached: let it drop our group
             try:
-                call(self.base_url, "POST", "/shutdown_weight_transfer_engine", None, min(self.timeout_s, 10.0), None)
+                call(self.base_url, "POST", "/shutdown_weight_transfer_engine", None, min(self.timeout_s, 10.0), None,
+                     secret=self.secret)
             except ServerError:
                 pass
         self.group = self.store = None
@@ -359,8 +422,7 @@ def token_versions(spans, n_tokens: int, default: int) -> list[int]:
     version when the request was sent; with pause mode "wait" nothing changes during it)."""
     out = [int(default)] * n_tokens
     for span in spans or []:
-        label = str(span.get("version"))
-        v = int(label) if label.isdigit() else 0
+        v = parse_version(span.get("version"))
         start, end = max(0, int(span.get("start", 0))), min(n_tokens, int(span.get("end", n_tokens)))
         out[start:end] = [v] * max(0, end - start)
     return out
