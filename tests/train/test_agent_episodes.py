@@ -345,3 +345,32 @@ def test_an_agent_prompt_longer_than_max_prompt_length_is_reported_once_not_cut_
     with caplog.at_level(logging.WARNING, logger="rltune"):
         play(c, [{"prompt": "p"}], "prompt", 1)
     assert "max_prompt_length" not in caplog.text
+
+
+def test_a_20_mb_tool_result_from_an_agent_is_not_tokenised_whole_and_ends_the_episode(monkeypatch):
+    """Issue 45 item 7, for agents: a request whose new messages (a 20 MB tool result) cannot fit
+    in the episode's max_episode_tokens is refused with `episode_ended` after tokenising at most
+    a bounded part of it; the episode is truncated."""
+    import openai
+
+    from rltune.agents.rendering import Renderer
+
+    tokenised, seen = [], {}
+    real = Renderer.ids
+    monkeypatch.setattr(Renderer, "ids", lambda self, text: tokenised.append(len(text)) or real(self, text))
+
+    def agent(client, row):
+        messages = [{"role": "user", "content": "read the log"}]
+        reply = client.chat.completions.create(model="m", messages=messages)
+        messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                     {"role": "user", "content": "line of the log\n" * 1_250_000}]
+        try:
+            client.chat.completions.create(model="m", messages=messages)
+        except openai.BadRequestError as err:
+            seen["code"], seen["error"] = err.code, str(err)
+        return 0.5
+
+    c, ep = _play(agent, [{"prompt": "p"}], reply=lambda prompt: "ok", max_episode_tokens=1024)
+    assert seen["code"] == "episode_ended" and "max_episode_tokens (1024)" in seen["error"]
+    assert sum(tokenised) < 1_000_000, tokenised
+    assert bool(ep.exp.truncated[0]) and ep.env_scores == [0.5]

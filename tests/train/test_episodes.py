@@ -349,3 +349,58 @@ def test_an_episode_prompt_longer_than_max_prompt_length_is_reported_once_not_cu
     with caplog.at_level(logging.WARNING, logger="rltune"):
         play(c, [ROW], "prompt", 1)
     assert "max_prompt_length" not in caplog.text                    # said once per run
+
+
+def test_a_20_mb_environment_answer_is_not_tokenised_whole_and_ends_the_episode_truncated(tmp_path, monkeypatch):
+    """Issue 45 item 7: only what can still fit in the episode (its max_episode_tokens room) is
+    tokenised; an answer past it ends the episode truncated, as at max_episode_tokens (the answer
+    is not appended). Measured in characters handed to the tokenizer, not in seconds."""
+    from rltune.agents.rendering import Renderer
+    from rltune.train.episodes import play
+
+    (tmp_path / "flood.py").write_text(textwrap.dedent('''
+        class Flood:
+            def reset(self, row):
+                return [{"role": "user", "content": "Read the log."}]
+            def step(self, text):
+                return {"messages": [{"role": "user", "content": "line of the log\\n" * 1_250_000}], "done": False}
+    '''))
+    tokenised = []
+    real = Renderer.ids
+    monkeypatch.setattr(Renderer, "ids", lambda self, text: tokenised.append(len(text)) or real(self, text))
+    c = _components(_recipe("flood.py:Flood", max_turns=3, max_episode_tokens=1024), ["a", "b"], tmp_path)
+    ep = play(c, [ROW], "prompt", 1)
+    assert sum(tokenised) < 1_000_000, tokenised                     # 20 MB answered, < 1 MB tokenised
+    assert bool(ep.exp.truncated[0]) and c.rollout.calls == 1
+    n = int(ep.exp.response_mask[0].sum())
+    assert ep.exp.loss_mask[0, :n].tolist() == [1.0] * n              # the answer was not appended
+
+
+def test_a_20_mb_answer_at_a_prefix_break_is_not_tokenised_whole_and_the_row_keeps_its_bound(tmp_path, monkeypatch):
+    """Issue 45 item 7, at a prefix break: the re-rendered conversation holding a 20 MB answer
+    is tokenised only as far as the row can hold (data.max_prompt_length + max_episode_tokens);
+    past that the episode ends truncated as it was, its row within the bound."""
+    from rltune.agents.rendering import Renderer
+    from rltune.train.episodes import play
+
+    (tmp_path / "flood.py").write_text(textwrap.dedent('''
+        class Flood:
+            def reset(self, row):
+                return [{"role": "user", "content": "Read the log."}]
+            def step(self, text):
+                return {"messages": [{"role": "user", "content": "line of the log\\n" * 1_250_000}], "done": False}
+    '''))
+    c = _components(_recipe("flood.py:Flood", max_turns=3, max_episode_tokens=256), ["<think>hm</think>3", "4"],
+                    tmp_path)
+    c.tokenizer.chat_template = (              # drops past reasoning (as Qwen3 does): every answer is a break
+        "{% for m in messages %}{{ m['role'] }}: {% if m['role'] == 'assistant' and not loop.last %}"
+        "{{ m['content'].split('</think>')[-1] }}{% else %}{{ m['content'] }}{% endif %}{{ eos_token }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}")
+    c.env = (c.env[0], Renderer(c.tokenizer, None))
+    tokenised = []
+    real = Renderer.ids
+    monkeypatch.setattr(Renderer, "ids", lambda self, text: tokenised.append(len(text)) or real(self, text))
+    ep = play(c, [ROW], "prompt", 1)
+    assert sum(tokenised) < 1_000_000, tokenised
+    assert bool(ep.exp.truncated[0]) and c.rollout.calls == 1 and ep.metrics["episode/prefix_breaks"] == 0
+    assert ep.exp.prompt_ids.shape[1] + ep.exp.response_ids.shape[1] <= c.recipe.data.max_prompt_length + 256

@@ -30,6 +30,8 @@ import re
 PLAIN_TEMPLATE = ("{{ bos_token if bos_token else '' }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
                   "{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
 
+HEAD_SLACK = 64      # ids_within: tokens of margin for where the head is cut
+_MAX_TOKEN_CHARS: dict[tuple[int, int], int] = {}   # (id(tokenizer), vocabulary size) -> Renderer.max_token_chars
 SURROGATE = re.compile("[\ud800-\udfff]")   # a lone UTF-16 surrogate (a valid pair decodes to one character)
 
 TOOLS_PREAMBLE = ("You can call tools. To call one, write\n<tool_call>\n{\"name\": TOOL_NAME, \"arguments\": "
@@ -89,15 +91,44 @@ class Renderer:
     def ids(self, text: str) -> list[int]:
         return list(self.tok(clean_text(text), add_special_tokens=False)["input_ids"])
 
-    def env_delta(self, seen: str, messages: list[dict]) -> tuple[list[int], str] | None:
+    def ids_within(self, text: str, room: int) -> list[int] | None:
+        """The ids of `text`, exactly as `ids` gives them, when they are at most `room`; None when
+        they are more, found by tokenising a bounded head of it, never the whole (a 20 MB answer
+        would take minutes and gigabytes; only the episode's room can be used).
+
+        A token covers at most `max_token_chars` characters (its longest vocabulary entry, in
+        bytes for byte-level vocabularies), so text longer than (room + 1) x that takes more than
+        `room` tokens; the head of that length is tokenised to confirm it (HEAD_SLACK tokens of
+        margin for the cut), and a tokenizer whose normaliser packs more characters into a token
+        than its vocabulary shows gets the whole text tokenised: exact either way."""
+        bound = (max(room, 0) + 1) * self.max_token_chars()
+        if len(text) > bound and len(self.ids(text[:bound])) > max(room, 0) + HEAD_SLACK:
+            return None
+        ids = self.ids(text)
+        return ids if len(ids) <= room else None
+
+    def max_token_chars(self) -> int:
+        """The most characters one token of this tokenizer can stand for (cached per tokenizer)."""
+        key = (id(self.tok), len(self.tok))
+        if key not in _MAX_TOKEN_CHARS:
+            try:
+                longest = max((len(t) for t in self.tok.get_vocab()), default=1)
+            except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: a generous guess (only costs time)
+                longest = 256
+            _MAX_TOKEN_CHARS[key] = max(longest, 16)
+        return _MAX_TOKEN_CHARS[key]
+
+    def env_delta(self, seen: str, messages: list[dict], room: int | None = None) -> tuple[list[int] | None, str] | None:
         """(ids, text) of the environment's turn: what rendering `messages` (the whole conversation,
         the new environment messages last) adds after `seen` (the text the model has seen,
-        its last turn included). None where the template does not reproduce `seen` as a prefix."""
+        its last turn included). None where the template does not reproduce `seen` as a prefix.
+        With `room`, ids is None when the turn takes more than `room` tokens (`ids_within`: only a
+        bounded head of it is tokenised)."""
         full = self.text(messages)
         if not full.startswith(seen) or len(full) == len(seen):
             return None
         extra = full[len(seen):]
-        return self.ids(extra), extra
+        return (self.ids(extra) if room is None else self.ids_within(extra, room)), extra
 
 
 __all__ = ["Renderer", "PLAIN_TEMPLATE", "clean_messages", "clean_text"]

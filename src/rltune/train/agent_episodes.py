@@ -261,7 +261,7 @@ class _AgentRun:
             e.prompt_ids = ids[-self.max_prompt:]
             e.messages = messages
             return list(e.prompt_ids)
-        delta = render.env_delta(e.seen, messages)
+        delta = render.env_delta(e.seen, messages, room=e.limit - len(e.tokens) - 1)   # only what can fit is tokenised
         e.messages = messages
         if delta is None:                         # a prefix break: a new sample from this request
             restart(e, render, self.ro, self.max_prompt)
@@ -270,7 +270,7 @@ class _AgentRun:
                 raise BadRequest(f"this episode has ended: {e.ended}")
             return list(e.prompt_ids)
         env_ids, env_text = delta
-        if len(e.tokens) + len(env_ids) >= e.limit:
+        if env_ids is None or len(e.tokens) + len(env_ids) >= e.limit:
             self._end(e, f"rollout.max_episode_tokens ({self.ro.max_episode_tokens}) reached")
             raise BadRequest(f"this episode has ended: {e.ended}")
         e.tokens += env_ids

@@ -78,9 +78,14 @@ def restart(e: Episode, render, ro, max_prompt: int) -> None:
     """A prefix break: the episode goes on as a new sample whose prompt is the conversation
     re-rendered (what the template shows the model now). The turns so far become context, not
     trained. The episode keeps its token budget (rollout.max_episode_tokens over all its
-    samples) and the row its length bound (data.max_prompt_length + max_episode_tokens)."""
+    samples) and the row its length bound (data.max_prompt_length + max_episode_tokens): a
+    conversation the row cannot hold (a flood of an answer) is tokenised only that far, and the
+    episode ends truncated as it was, the answer not appended."""
     text = render.text(e.messages)
-    ids = render.ids(text)
+    ids = render.ids_within(text, max_prompt + ro.max_episode_tokens - 1)   # a bounded head of a flood, at most
+    if ids is None:                    # the row could not hold it (limit <= 0): the episode ends as it was
+        e.done = e.truncated = True
+        return
     e.spent += len(e.tokens)
     e.breaks += 1
     e.untrained += int(sum(e.trained))

@@ -125,12 +125,13 @@ def _take_turn(e: Episode, out: Experience, i: int, eos: set, tok, render, ro, m
     if last_turn:                      # rollout.max_turns: the environment wanted another turn
         e.done = e.truncated = True
         return
-    delta = render.env_delta(e.seen, e.messages)
+    # the answer fits when its ids leave room for a model token; only that much of it is tokenised
+    delta = render.env_delta(e.seen, e.messages, room=e.limit - len(e.tokens) - 1)
     if delta is None:                  # the template rewrote earlier turns: no exact splice
         restart(e, render, ro, max_prompt)
         return
     env_ids, env_text = delta
-    if len(e.tokens) + len(env_ids) >= e.limit:
+    if env_ids is None or len(e.tokens) + len(env_ids) >= e.limit:   # past rollout.max_episode_tokens
         e.done = e.truncated = True
         return
     e.tokens += env_ids
