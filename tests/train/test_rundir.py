@@ -320,11 +320,11 @@ def test_read_only_during_a_save_keeps_the_previous_checkpoint(tmp_path, capfd, 
     calls = []
     real = ckpt.rng_state
 
-    def failing(gen):
+    def failing(gen, *rest):
         calls.append(1)
         if len(calls) == 2:  # the second checkpoint: the disk went read-only meanwhile
             raise OSError(errno.EROFS, os.strerror(errno.EROFS))
-        return real(gen)
+        return real(gen, *rest)
 
     monkeypatch.setattr(ckpt, "rng_state", failing)
     path = tiny_recipe(tmp_path, "tiny-grpo.yaml", trainer__max_steps=2, trainer__save_every=1, trainer__eval_every=0)
