@@ -72,3 +72,42 @@ def test_a_node_that_never_joins_stops_the_job_with_the_fix(tmp_path):
     assert time.monotonic() - t0 < 120
     assert "not every node joined the rendezvous" in res.stderr and "fix:" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_node_rank_fixes_the_node_ranks(tmp_path):
+    """`--node-rank K` (issue 45, 11c): torchrun's c10d rendezvous, which the CLI used to add
+    whatever the node rank, ignores it and numbers the nodes as they join; rltune now takes the
+    static rendezvous for it. The node started first asks for rank 1 and gets it (under c10d it got
+    rank 0: it joined first), the other serves the rendezvous as rank 0 and is the one that logs."""
+    import time
+
+    path = tiny_recipe(tmp_path, "tiny-ppo.yaml", rollout__do_sample=False, trainer__max_steps=1,
+                       trainer__eval_every=0)
+    endpoint = f"127.0.0.1:{free_port()}"
+    base = [sys.executable, "-m", "rltune", "train", str(path), "--nnodes", "2", "--nproc", "1",
+            "--rdzv-endpoint", endpoint]
+    env = cli_env(LOGLEVEL="INFO")      # torch's agent logs the rendezvous it got
+    one = subprocess.Popen(base + ["--node-rank", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=env, cwd=ROOT)
+    time.sleep(3)
+    zero = subprocess.Popen(base + ["--node-rank", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=ROOT)
+    (_, err1), (_, err0) = one.communicate(timeout=600), zero.communicate(timeout=600)
+    assert one.returncode == 0 and zero.returncode == 0, (err1[-3000:], err0[-3000:])
+    assert "group_rank=1" in err1 and "global_ranks=[1]" in err1, err1[-3000:]
+    assert "group_rank=0" in err0 and "global_ranks=[0]" in err0, err0[-3000:]
+    assert "batch plan" in err0 and "batch plan" not in err1        # rank 0 logs
+    assert [m["step"] for m in read_metrics(tmp_path / "run")] == [1]
+
+
+def test_a_static_rendezvous_that_never_forms_is_one_message(tmp_path):
+    """With --node-rank: node rank 0 alone waits trainer.rendezvous_timeout_s for the others, a
+    node rank 1 alone for node rank 0; each ends with one line and the fix (exit 3), not the TCP
+    store's traceback and a resume hint."""
+    path = tiny_recipe(tmp_path, "tiny-ppo.yaml", trainer__rendezvous_timeout_s=5)
+    for rank, says in (("0", "not every node joined the rendezvous"), ("1", "could not reach the rendezvous")):
+        res = run_cli("train", path, "--nnodes", "2", "--nproc", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                      "--node-rank", rank, "--quiet", timeout=300)
+        assert res.returncode == 3, res.stderr[-3000:]
+        assert says in res.stderr and "--node-rank" in res.stderr and "fix:" in res.stderr, res.stderr[-3000:]
+        assert "Traceback" not in res.stderr and "resume from the last checkpoint" not in res.stderr

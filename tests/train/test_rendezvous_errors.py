@@ -87,7 +87,7 @@ def _one_message(res, *says):
     for s in says:
         assert s in res.stderr, res.stderr[-3000:]
     assert "fix:" in res.stderr and "Traceback" not in res.stderr
-    assert "launching" not in res.stderr and "resume" not in res.stderr     # nothing started: nothing to resume
+    assert "launching" not in res.stderr and "resume from" not in res.stderr     # nothing started: nothing to resume
 
 
 def test_deepspeed_hostfile_host_not_reachable_over_ssh_is_one_message(tmp_path):
@@ -115,3 +115,27 @@ def test_deepspeed_hostfile_without_ssh_or_pdsh_is_one_message(tmp_path):
     ssh.chmod(0o755)
     res = _ds_train(tmp_path, _hostfile(tmp_path, "node1 slots=2\nnode2 slots=2\n"), "--nnodes", "2", env=env)
     _one_message(res, "`pdsh` is not on PATH")
+
+
+def test_node_rank_out_of_range_or_without_an_endpoint_is_refused():
+    args = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29500"]
+    assert "a node rank is 0 to 1" in rendezvous_problem(args + ["--node-rank", "2"], 2)
+    assert "a node rank is 0 to 1" in rendezvous_problem(args + ["--node-rank", "-1"], 2)
+    assert "needs --rdzv-endpoint" in rendezvous_problem(["--node-rank", "1"], 2)
+
+
+def test_node_rank_takes_the_static_rendezvous():
+    """torchrun's c10d rendezvous ignores --node-rank (torch.distributed.run: `rank` goes to the
+    rendezvous only for the static backend): with a node rank, the launcher runs the static one."""
+    from types import SimpleNamespace
+
+    from rltune.train.launch import launch_command
+
+    recipe = SimpleNamespace(trainer=SimpleNamespace(launcher="torchrun", nproc=1, nnodes=2,
+                                                     rendezvous_timeout_s=60.0))
+    args = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29500"]
+    cmd = launch_command(recipe, "r.yaml", [], "auto", False, False, args + ["--node-rank", "1"])
+    assert cmd[cmd.index("--rdzv-backend") + 1] == "static" and cmd[cmd.index("--node-rank") + 1] == "1"
+    assert cmd[cmd.index("--rdzv-conf") + 1] == "timeout=60"
+    cmd = launch_command(recipe, "r.yaml", [], "auto", False, False, args)
+    assert cmd[cmd.index("--rdzv-backend") + 1] == "c10d" and "--node-rank" not in cmd

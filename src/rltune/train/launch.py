@@ -30,11 +30,19 @@ def launch_command(recipe, recipe_path: str, overrides: list[str], resume: str, 
                "--num_nodes", str(t.nnodes), "--no_local_rank", *launcher_args, "--module", "rltune"]
     else:
         # torchrun itself (train/torchrun.py: a failed rank is one line, not torch's traceback)
+        args = list(launcher_args)
+        static = _arg(args, "--node-rank") is not None and "--rdzv-backend" in args
+        if static:
+            # torchrun's c10d rendezvous ignores --node-rank (it numbers the nodes as they join);
+            # its static rendezvous takes it: node rank 0 serves the store at the endpoint
+            args[args.index("--rdzv-backend") + 1] = "static"
         cmd = [sys.executable, "-m", "rltune.train.torchrun", "--nproc_per_node", str(t.nproc),
-               "--nnodes", str(t.nnodes), *launcher_args]
-        if t.nnodes == 1 and not any(a.startswith("--rdzv") or a.startswith("--master") for a in launcher_args):
+               "--nnodes", str(t.nnodes), *args]
+        if t.nnodes == 1 and not any(a.startswith("--rdzv") or a.startswith("--master") for a in args):
             cmd.append("--standalone")
-        elif "--rdzv-backend" in launcher_args:   # c10d: a node that never joins stops the job, with a message
+        elif static:   # the store waits this long for every node (then: one line, train/torchrun.py)
+            cmd += ["--rdzv-conf", f"timeout={max(1, round(t.rendezvous_timeout_s))}"]
+        elif "--rdzv-backend" in args:   # c10d: a node that never joins stops the job, with a message
             cmd += ["--rdzv-conf", f"join_timeout={t.rendezvous_timeout_s:g}"]
         cmd += ["-m", "rltune"]
     return cmd + child
@@ -57,6 +65,13 @@ def rendezvous_problem(launcher_args: list[str], nnodes: int) -> str | None:
     import socket
 
     endpoint = _arg(launcher_args, "--rdzv-endpoint")
+    node_rank = _arg(launcher_args, "--node-rank", "--node_rank")
+    if node_rank is not None and not (node_rank.isdigit() and int(node_rank) < max(nnodes, 1)):
+        return (f"--node-rank {node_rank}: a node rank is 0 to {max(nnodes, 1) - 1} (--nnodes {nnodes})\n  fix: give "
+                "each node its own rank, 0 on the node that --rdzv-endpoint names")
+    if node_rank is not None and nnodes > 1 and not endpoint:
+        return (f"--node-rank {node_rank} needs --rdzv-endpoint HOST:PORT: node rank 0 serves the rendezvous there\n"
+                "  fix: add --rdzv-endpoint NODE0:29500 on every node (NODE0: the address of the node with rank 0)")
     if not endpoint:
         return None
     host, _, port = endpoint.rpartition(":")
