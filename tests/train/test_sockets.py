@@ -13,7 +13,6 @@ import textwrap
 
 from trainlib import ROOT, cli_env, tiny_recipe
 
-LISTEN = "0A"
 
 # a one-step run in a process of its own (a fresh process group); the sockets it listens on are
 # read while the group is still up (when the run tears it down)
