@@ -142,3 +142,64 @@ def test_an_attached_server_that_is_down_is_a_clear_error_at_start(tmp_path):
     res = run_cli("train", path)
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert f"rollout.server.url {url} does not answer GET /health\n  fix: start the server" in res.stderr
+
+
+TRAINER_WITH_WEIGHTS = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {tests!r})
+    from rltune.rollout.server import ServerProcess
+    prefix = os.path.join({shm!r}, "rltune-weights-%d-" % os.getpid())
+    proc = ServerProcess([sys.executable, {fake!r}, sys.argv[1], sys.argv[2]], "http://127.0.0.1:" + sys.argv[1],
+                         {log!r}, env=dict(os.environ, RLTUNE_WEIGHT_FILES=prefix), startup_timeout_s=30)
+    proc.start()
+    with open(prefix + "abc123.safetensors", "wb") as f:   # a sync in progress
+        f.write(b"x" * 4096)
+    print("ready", prefix, flush=True)
+    time.sleep(3600)
+""")
+
+
+def test_a_killed_trainers_weight_file_is_removed_by_the_guard(tmp_path):
+    """Issue 45 item 8: a SIGKILLed trainer left its weight file (up to 512 MiB, in RAM on
+    /dev/shm) until a reboot; the guard, which sees the trainer die, removes it."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    other = shm / "rltune-weights-1-keep.safetensors"   # another trainer's: not touched
+    other.write_bytes(b"y")
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER_WITH_WEIGHTS.format(tests=str(FAKE.parent), fake=str(FAKE), shm=str(shm),
+                                                  log=str(tmp_path / "server.log")))
+    port, pidfile = free_port(), tmp_path / "pids"
+    trainer = subprocess.Popen([sys.executable, str(script), str(port), str(pidfile)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        line = trainer.stdout.readline().split()
+        assert line and line[0] == "ready", trainer.stderr.read()
+        assert len(list(shm.glob(f"rltune-weights-{trainer.pid}-*"))) == 1
+        pids = _pids(pidfile)
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(timeout=60)
+        _wait_gone(pids)
+        deadline = time.monotonic() + 10
+        while list(shm.glob(f"rltune-weights-{trainer.pid}-*")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(shm.glob(f"rltune-weights-{trainer.pid}-*")) == [] and other.exists()
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+
+
+def test_a_new_run_sweeps_the_weight_files_of_dead_trainers(tmp_path):
+    from rltune.rollout.vllm_server import sweep_weight_files
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = tmp_path / f"rltune-weights-{dead.pid}-a1b2c3.safetensors"
+    mine = tmp_path / f"rltune-weights-{os.getpid()}-d4e5f6.safetensors"   # a live trainer's (this one)
+    other = tmp_path / "rltune-weights-notes.txt"
+    for f in (left, mine, other):
+        f.write_bytes(b"x")
+    link = tmp_path / f"rltune-weights-{dead.pid}-link.safetensors"
+    link.symlink_to(other)
+    assert sweep_weight_files(str(tmp_path)) == [left.name]
+    assert not left.exists() and mine.exists() and other.exists() and link.is_symlink()

@@ -266,3 +266,50 @@ def test_a_server_that_closes_the_connection_says_so():
     lsock.close()
     with pytest.raises(ServerError, match="connection refused: nothing listens there"):
         call(f"http://127.0.0.1:{free_port()}", "GET", "/health", timeout_s=2.0)
+
+
+def test_a_server_that_dies_mid_run_is_named_not_blamed_on_another_rank():
+    """Before: ServerError was a RuntimeError, so the training loop's handler for failed
+    collectives read 'Connection reset by peer' in it as another rank's death (in a one-process
+    run), and anything else as 'probably a bug'. Now it is a user-facing error of its own."""
+    from rltune.engine.distributed import peer_failure
+    from rltune.errors import UserError
+
+    err = ServerError("POST http://127.0.0.1:1/inference/v1/generate failed: the server closed the connection "
+                      "(ConnectionResetError): it stopped or died\n  the server's last log lines: Connection reset by peer")
+    assert isinstance(err, UserError) and not isinstance(err, RuntimeError) and peer_failure(err) is None
+
+
+def test_a_failed_start_keeps_the_log_its_error_points_to(tmp_path):
+    """A run that fails at start removes the run directory it created, with rollout-server.log:
+    the error names a kept copy instead."""
+    import re
+    import shutil
+
+    run = tmp_path / "run"
+    port = free_port()
+    proc = ServerProcess([sys.executable, str(FAKE), str(port), str(tmp_path / "pids"), "exit"],
+                         f"http://127.0.0.1:{port}", run / "rollout-server.log", startup_timeout_s=30)
+    with pytest.raises(ServerError) as e:
+        proc.start()
+    shutil.rmtree(run)   # what the failed run's clean-up does
+    kept = re.search(r"\((/\S+rltune-server-failed-\S+\.log), kept", str(e.value))
+    assert kept and "cannot load the model" in Path(kept.group(1)).read_text()
+    Path(kept.group(1)).unlink()
+
+
+def test_server_devices_that_do_not_exist_are_refused_before_the_server_starts(tmp_path):
+    from rltune.models import resolve_model_dir
+    from rltune.models.loading import load_tokenizer
+    from rltune.recipe.schema import Recipe
+    from rltune.rollout.vllm_server import VLLMServerRollout
+
+    d = resolve_model_dir("builtin:tiny-llama")
+    r = Recipe.model_validate({"model": {"policy": "builtin:tiny-llama"}, "data": {"train": "builtin:arithmetic"},
+                               "reward": {"functions": ["builtin:exact_answer"]},
+                               "rollout": {"engine": "vllm-server", "server": {"devices": [0, 4095]}}})
+    with pytest.raises(ServerError) as e:
+        VLLMServerRollout(d, load_tokenizer(d), r.rollout, max_len=128, log_dir=tmp_path)
+    assert "rollout.server.devices names CPU core 4095, which does not exist here" in str(e.value)
+    assert "fix: set rollout.server.devices" in str(e.value)
+    assert not (tmp_path / "rollout-server.log").exists()   # refused before a server started

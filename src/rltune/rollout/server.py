@@ -22,8 +22,13 @@ import time
 from pathlib import Path
 
 
-class ServerError(RuntimeError):
-    """A rollout server did not start, answer or accept a request (message is user-facing)."""
+from ..errors import UserError
+
+
+class ServerError(UserError):
+    """A rollout server did not start, answer or accept a request (message is user-facing). Not a
+    RuntimeError: the training loop reads a RuntimeError as a failed collective ("another rank
+    died"), which a server that closed its connection is not."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -162,6 +167,34 @@ def _public(url: str) -> str:
     if p.port:
         host += f":{p.port}"
     return urlunsplit((p.scheme, f"***@{host}", p.path, p.query, p.fragment))
+
+
+def keep_log(log: Path | None) -> Path | None:
+    """A private copy of a server's log, outside the run directory (a run that fails at start
+    removes the directory it created, with the log an error points to); None without one."""
+    import shutil
+    import tempfile
+
+    if log is None or not Path(log).is_file():
+        return None
+    try:
+        fd, kept = tempfile.mkstemp(prefix="rltune-server-failed-", suffix=".log")
+        with open(log, "rb") as src, os.fdopen(fd, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        return Path(kept)
+    except OSError:
+        return None
+
+
+def failed_start(err: ServerError, log: Path | None) -> ServerError:
+    """`err` (a failed start) naming a kept copy of the server's log instead of `log`."""
+    kept = keep_log(log)
+    if kept is None:
+        return err
+    text = str(err).replace(f"({log}):", f"({kept}, kept: the run directory's copy goes with a failed start):")
+    if str(kept) not in text:
+        text += f"\n  the server's whole log: {kept}"
+    return ServerError(text)
 
 
 def _failure(what: str, log: Path | None) -> str:
@@ -303,9 +336,9 @@ class ServerProcess:
             if self.guard.poll() is not None:
                 code = self.guard.returncode
                 self.stop()
-                raise ServerError(_failure(f"the rollout server exited with code {code} before it answered "
-                                           f"{self.base_url}/health (command: {' '.join(self.cmd[:3])} ...)",
-                                           self.log_path))
+                raise failed_start(ServerError(_failure(
+                    f"the rollout server exited with code {code} before it answered {self.base_url}/health "
+                    f"(command: {' '.join(self.cmd[:3])} ...)", self.log_path)), self.log_path)
             if self.secret is None:
                 if healthy(self.base_url):
                     return
@@ -313,8 +346,9 @@ class ServerProcess:
                 return
             time.sleep(0.5)
         self.stop()
-        raise ServerError(_failure(f"the rollout server did not answer {self.base_url}/health within "
-                                   f"rollout.server.startup_timeout_s ({self.startup_timeout_s:g} s)", self.log_path))
+        raise failed_start(ServerError(_failure(f"the rollout server did not answer {self.base_url}/health within "
+                                                f"rollout.server.startup_timeout_s ({self.startup_timeout_s:g} s)",
+                                                self.log_path)), self.log_path)
 
     def _proven(self) -> bool:
         """The server answers, proves it holds the secret, refuses a request without it, and is

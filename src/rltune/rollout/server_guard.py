@@ -12,7 +12,10 @@ waits for whichever comes first:
 - the server exits by itself: the guard ends the rest of its group and exits with its code.
 
 The server is also started with the parent-death signal SIGTERM (Linux), so a guard that is
-itself killed takes the server down with it. Standard library only.
+itself killed takes the server down with it. When the group is gone, the guard removes the
+trainer's weight files (RLTUNE_WEIGHT_FILES: their path prefix, `/dev/shm/rltune-weights-PID-`):
+a trainer killed outright leaves one behind otherwise, in RAM until a reboot. Standard library
+only.
 """
 
 from __future__ import annotations
@@ -61,6 +64,30 @@ def stop_group(pgid: int, grace_s: float = GRACE_S) -> None:
         pass
 
 
+def remove_weight_files(prefix: str | None) -> None:
+    """Remove this user's regular files whose path starts with `prefix` (the trainer's weight
+    files; vllm_server.weight_file_prefix)."""
+    import stat
+
+    if not prefix or not os.path.basename(prefix).startswith("rltune-weights-"):
+        return
+    directory, start = os.path.split(prefix)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(start) and name.endswith(".safetensors")):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                os.unlink(path)
+        except OSError:
+            pass
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: python -m rltune.rollout.server_guard FD -- COMMAND...", file=sys.stderr)
@@ -74,6 +101,7 @@ def main(argv: list[str]) -> int:
             if not stopped:
                 stop_group(proc.pid)
                 stopped.append(True)
+                remove_weight_files(os.environ.get("RLTUNE_WEIGHT_FILES"))
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

@@ -64,6 +64,87 @@ def visible_device(device: str) -> str:
     return visible[index] if index < len(visible) else str(index)
 
 
+def weights_dir() -> str:
+    """Where weight files go: /dev/shm where there is one (RAM), else the temporary directory."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def weight_file_prefix(pid: int | None = None) -> str:
+    """Weight files carry the trainer's pid: a trainer killed outright (SIGKILL, OOM) leaves its
+    file behind (up to SYNC_BUCKET_BYTES, in RAM on /dev/shm); the server's guard removes it
+    (server_guard.py, RLTUNE_WEIGHT_FILES) and the next run sweeps those of dead trainers."""
+    return f"rltune-weights-{os.getpid() if pid is None else int(pid)}-"
+
+
+def sweep_weight_files(directory: str | None = None) -> list[str]:
+    """Remove the weight files that trainers of this user which are no longer running left in
+    `directory` (default weights_dir()); returns their names. A file whose pid is alive, owned
+    by another user, or not a regular file stays."""
+    import re
+    import stat
+
+    directory = directory or weights_dir()
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = re.fullmatch(r"rltune-weights-(\d{1,10})-[A-Za-z0-9_]+\.safetensors", name)
+        if not m:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            try:
+                os.kill(int(m.group(1)), 0)
+                continue          # its trainer runs (or the pid is someone else's now): leave it
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            os.unlink(path)
+            removed.append(name)
+        except OSError:
+            continue
+    return removed
+
+
+def check_devices(devices, device: str) -> None:
+    """rollout.server.devices names devices that exist here (CPU cores this process may run on;
+    GPU ids below the device count when CUDA_VISIBLE_DEVICES does not renumber them): checked
+    before the server starts, not found in vLLM's frames a minute later."""
+    wanted = [int(d) for d in devices]
+    if device == "cpu":
+        have = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        unit, fix = "CPU core", f"CPU cores this process may use: {_ranges(have)}"
+    else:
+        if os.environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+            return   # the ids are CUDA_VISIBLE_DEVICES entries of the machine, which this process cannot count
+        import torch
+
+        have = list(range(torch.cuda.device_count()))
+        unit, fix = "GPU", f"GPUs here: {_ranges(have) or 'none'}"
+    missing = [d for d in wanted if d not in have]
+    if missing:
+        raise ServerError(f"rollout.server.devices names {unit} {', '.join(map(str, missing))}, which "
+                          f"{'does' if len(missing) == 1 else 'do'} not exist here ({fix})\n  fix: set "
+                          "rollout.server.devices to ids from that list, or remove it (the trainer's devices)")
+
+
+def _ranges(ids: list[int]) -> str:
+    out, i = [], 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
 class VLLMServerRollout:
     name = "vllm-server"
 
@@ -131,10 +212,12 @@ class VLLMServerRollout:
                                                       seqs_per_call)
                 cmd += ["--kv-cache-memory-bytes", str(kv)]
             self.secret = new_secret()   # in the child's environment, never its argv (world-readable)
-            env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", **{SECRET_ENV: self.secret})
+            env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", **{SECRET_ENV: self.secret},
+                       RLTUNE_WEIGHT_FILES=os.path.join(weights_dir(), weight_file_prefix()))   # the guard's clean-up
             if own_device and self.device == "cuda":   # several ranks: each rank's server on the rank's GPU
                 env["CUDA_VISIBLE_DEVICES"] = visible_device(str(device))
             if srv.devices:                            # a placement of its own (rollout.server.devices)
+                check_devices(srv.devices, self.device)
                 ids = ",".join(str(int(d)) for d in srv.devices)
                 if self.device == "cuda":
                     env["CUDA_VISIBLE_DEVICES"] = ids
@@ -145,6 +228,8 @@ class VLLMServerRollout:
         self.init_s = time.perf_counter() - t0
         self.transfer = srv.weight_transfer
         self.group = self.store = None
+        if self.transfer == "file":
+            sweep_weight_files()   # those a killed trainer left (in RAM on /dev/shm, until a reboot)
         try:
             if self.transfer == "gloo":
                 self._init_gloo(srv.trainer_address)
@@ -153,8 +238,13 @@ class VLLMServerRollout:
             self.expected_version = self.weight_version()   # the weights it loaded ("default")
             if self.process is not None:   # its first generation compiles and warms up (16 s on a busy 2-core CPU):
                 self._warm_up(srv.startup_timeout_s)   # within the start's time, not a request's
-        except ServerError:
+        except ServerError as err:
+            log = self.log
             self.close()
+            if self.process is None and log is not None and srv.url is None:   # a failed start: keep its log
+                from .server import failed_start
+
+                raise failed_start(err, log) from None
             raise
 
     def _init_transfer(self, init_info: dict) -> None:
@@ -382,14 +472,16 @@ class VLLMServerRollout:
         """One safetensors file (in /dev/shm where there is one) -> one `/update_weights` call."""
         from safetensors.torch import save_file
 
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        fd, path = tempfile.mkstemp(prefix="rltune-weights-", suffix=".safetensors", dir=shm)
+        fd, path = tempfile.mkstemp(prefix=weight_file_prefix(), suffix=".safetensors", dir=weights_dir())
         os.close(fd)
         try:
             save_file(tensors, path)
             self._post("/update_weights", {"update_info": {"path": path}})
         finally:
-            os.unlink(path)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:   # the guard removed it: the server is gone, and the request says so
+                pass
 
     def weight_version(self) -> str:
         return str(self._get("/weight_info").get("weight_version"))[:64]
