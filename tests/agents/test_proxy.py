@@ -66,11 +66,12 @@ def _deep(n: int) -> bytes:
     (_post(_deep(100_000)), "nested"),
     (_post(_deep(600)), "nested"),                    # under the interpreter's recursion limit, over the endpoint's
     (_post(b"\xff\xfe not json"), "not JSON"),
+    (_post(b'{"n": ' + b"9" * 5000 + b"}"), "not JSON"),  # past int()'s digit limit
     (b"POST /e/k/v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
      "Content-Length"),
     (b"PUT /e/k/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", "PUT"),
     (b"GARBAGE\r\n\r\n", "request"),
-], ids=["length-abc", "length-negative", "deep-100000", "deep-600", "not-utf8", "chunked", "put", "garbage-line"])
+], ids=["length-abc", "length-negative", "deep-100000", "deep-600", "not-utf8", "long-int", "chunked", "put", "garbage-line"])
 def test_a_malformed_request_gets_a_json_error_and_the_server_goes_on(proxy, capfd, request_bytes, words):
     status, headers, body = _answer(proxy.port, request_bytes)
     assert 400 <= status < 500 and headers["content-type"] == "application/json"

@@ -49,3 +49,16 @@ def test_ids_within_tokenises_a_bounded_head_of_a_flood(render, monkeypatch):
     monkeypatch.setattr(render, "tok", Counting())
     assert render.ids_within("x" * 20_000_000, 100) is None
     assert max(sizes) <= 101 * render.max_token_chars()
+
+
+def test_prompt_ids_are_the_last_ids_and_their_count_and_a_flood_is_tokenised_from_its_tail(render, monkeypatch):
+    for text in _texts(1):
+        want = render.ids(text)
+        for keep in (1, 8, 64):
+            ids, n = render.prompt_ids(text, keep)
+            if n is None:        # only past the tail's bound, and then the ids are those of its end
+                assert len(want) > keep + 64 and len(ids) == keep
+            else:
+                assert (ids, n) == (want[-keep:], len(want))
+    ids, n = render.prompt_ids("word " * 4_000_000 + "end", 16)
+    assert n is None and len(ids) == 16 and render.tok.decode(ids).endswith(" word end")

@@ -404,3 +404,31 @@ def test_a_20_mb_answer_at_a_prefix_break_is_not_tokenised_whole_and_the_row_kee
     assert sum(tokenised) < 1_000_000, tokenised
     assert bool(ep.exp.truncated[0]) and c.rollout.calls == 1 and ep.metrics["episode/prefix_breaks"] == 0
     assert ep.exp.prompt_ids.shape[1] + ep.exp.response_ids.shape[1] <= c.recipe.data.max_prompt_length + 256
+
+
+def test_a_20_mb_first_message_is_not_tokenised_whole_its_end_is_the_prompt(tmp_path, monkeypatch, caplog):
+    """Issue 45 item 7, for reset: a first message of 20 MB is left-truncated to
+    data.max_prompt_length from a bounded tail of it, never tokenised whole, and said once."""
+    import logging
+
+    from rltune.agents.rendering import Renderer
+    from rltune.train.episodes import play
+
+    (tmp_path / "flood.py").write_text(textwrap.dedent('''
+        class Flood:
+            def reset(self, row):
+                return [{"role": "user", "content": "line of the log\\n" * 1_250_000 + "Which line?"}]
+            def step(self, text):
+                return {"done": True}
+    '''))
+    tokenised = []
+    real = Renderer.ids
+    monkeypatch.setattr(Renderer, "ids", lambda self, text: tokenised.append(len(text)) or real(self, text))
+    c = _components(_recipe("flood.py:Flood"), ["a"], tmp_path)
+    with caplog.at_level(logging.WARNING, logger="rltune"):
+        ep = play(c, [ROW], "prompt", 1)
+    assert sum(tokenised) < 1_000_000, tokenised
+    prompt = c.tokenizer.decode(ep.exp.prompt_ids[0][ep.exp.prompt_mask[0].bool()])
+    assert int(ep.exp.prompt_mask[0].sum()) == c.recipe.data.max_prompt_length
+    assert prompt.endswith("Which line?<|im_end|>\n<|im_start|>assistant\n")
+    assert "1 of 1 episode prompts" in caplog.text and "too long to count" in caplog.text

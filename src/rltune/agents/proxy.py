@@ -55,8 +55,8 @@ def read_body(raw: bytes):
         value = json.loads(raw or b"{}")
     except RecursionError:
         raise BadRequest(f"the request body's JSON is nested too deeply (more than {MAX_DEPTH} levels)") from None
-    except ValueError:   # UnicodeDecodeError included
-        raise BadRequest("the request body is not JSON (UTF-8)") from None
+    except ValueError as err:   # UnicodeDecodeError, an integer past 4,300 digits included
+        raise BadRequest(f"the request body is not JSON (UTF-8): {str(err)[:160]}") from None
     root = [value]
     stack = [(root, 0, 0)]           # (container, key or index, depth of the value there)
     while stack:

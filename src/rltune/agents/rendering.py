@@ -107,6 +107,19 @@ class Renderer:
         ids = self.ids(text)
         return ids if len(ids) <= room else None
 
+    def prompt_ids(self, text: str, keep: int) -> tuple[list[int], int | None]:
+        """(the last `keep` ids of `text`, how many ids it has in all): a prompt left-truncated to
+        data.max_prompt_length. Text too long to fit is tokenised from a bounded tail only ((keep +
+        1 + HEAD_SLACK) x max_token_chars characters, as `ids_within` bounds a head): its count
+        is then None (more than `keep`). The ids are the prompt the model is given, either way."""
+        bound = (keep + 1 + HEAD_SLACK) * self.max_token_chars()
+        if len(text) > bound:
+            tail = self.ids(text[-bound:])
+            if len(tail) > keep + HEAD_SLACK:
+                return tail[-keep:], None
+        ids = self.ids(text)
+        return ids[-keep:], len(ids)
+
     def max_token_chars(self) -> int:
         """The most characters one token of this tokenizer can stand for (cached per tokenizer)."""
         key = (id(self.tok), len(self.tok))

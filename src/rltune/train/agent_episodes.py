@@ -114,7 +114,7 @@ class _AgentRun:
         self.pending: list[_Request] = []
         self.by_key: dict[str, AgentEpisode] = {}
         self.renderers: dict[str, Renderer] = {}
-        self.prompt_lengths: list[int] = []     # of each episode's first request, untruncated (warn_long_prompts)
+        self.prompt_lengths: list[int | None] = []   # of each episode's first request, untruncated (warn_long_prompts)
 
     # ---------------------------------------------------------------- the trainer's thread
 
@@ -256,9 +256,8 @@ class _AgentRun:
             raise BadRequest(f"this episode has ended: {e.ended}")
         if not e.prompt_ids:                      # the episode's first request: its prompt
             e.seen = render.text(messages)
-            ids = render.ids(e.seen)
-            self.prompt_lengths.append(len(ids))
-            e.prompt_ids = ids[-self.max_prompt:]
+            e.prompt_ids, length = render.prompt_ids(e.seen, self.max_prompt)   # a flood: only its end is tokenised
+            self.prompt_lengths.append(length)
             e.messages = messages
             return list(e.prompt_ids)
         delta = render.env_delta(e.seen, messages, room=e.limit - len(e.tokens) - 1)   # only what can fit is tokenised

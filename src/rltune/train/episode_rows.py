@@ -95,23 +95,28 @@ def restart(e: Episode, render, ro, max_prompt: int) -> None:
         e.done = e.truncated = True
 
 
-def warn_long_prompts(render, lengths: list[int], max_prompt: int) -> None:
+def warn_long_prompts(render, lengths: list[int | None], max_prompt: int) -> None:
     """One warning for the episode prompts (an environment's first messages, an agent's first
     request, rendered with the tools) longer than data.max_prompt_length: they are
     left-truncated, as single-turn prompts are (prompts.truncation_warning), and said once per
-    run (`render`, the run's Renderer, remembers it), with the count and the longest."""
-    over = [n for n in lengths if n > max_prompt]
+    run (`render`, the run's Renderer, remembers it), with the count and the longest (None: one
+    too long to count, Renderer.prompt_ids tokenised its end only)."""
+    over = [n for n in lengths if n is None or n > max_prompt]
     if not over or getattr(render, "warned_long_prompts", False):
         return
     render.warned_long_prompts = True
-    longest = max(over)
+    counted = [n for n in over if n is not None]
+    if len(counted) < len(over):
+        longest, fix = "is too long to count: only its end was tokenised", "data.max_prompt_length"
+    else:
+        longest, fix = f"has {max(counted)}", f"data.max_prompt_length to {max(counted)}"
     logging.getLogger("rltune").warning(
         "rollout.env: %d of %d episode prompts of this step are longer than data.max_prompt_length (%d tokens; the "
-        "longest has %d) and are left-truncated: the policy does not see their beginning (the system prompt, the "
-        "tools; said once per run)\n  fix: raise data.max_prompt_length to %d (rollout.max_model_len and reward.max_length "
+        "longest %s) and are left-truncated: the policy does not see their beginning (the system prompt, the "
+        "tools; said once per run)\n  fix: raise %s (rollout.max_model_len and reward.max_length "
         "must then hold it plus rollout.max_episode_tokens and one turn), or shorten the environment's first "
         "messages (an agent's system prompt) or the tools' descriptions", len(over), len(lengths), max_prompt,
-        longest, longest)
+        longest, fix)
 
 
 def experience(episodes: list[Episode], pad_id: int) -> Experience:

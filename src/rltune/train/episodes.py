@@ -74,15 +74,14 @@ def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> 
         return play_agents(c, rows, prompt_key, n, greedy)
     eos = set(c.rollout.eos_ids)
     episodes: list[Episode] = []
-    lengths: list[int] = []              # of the prompts, untruncated: those over data.max_prompt_length are said
+    lengths: list[int | None] = []       # of the prompts, untruncated (None: too long to count): warn_long_prompts
     for row in rows:
         for _ in range(n):
             session = cls.session() if isinstance(cls, EnvPool) else Session(cls, ro.tool_timeout_s)
             messages = render.start(clean_messages(session.start(row, prompt_messages(row, prompt_key, r.data))))
             text = render.text(messages)
-            ids = render.ids(text)
-            lengths.append(len(ids))
-            ids = ids[-r.data.max_prompt_length:]
+            ids, length = render.prompt_ids(text, r.data.max_prompt_length)   # a flood: only its end is tokenised
+            lengths.append(length)
             episodes.append(Episode(session, row, prompt_text(row, prompt_key), messages, ids, text,
                                     limit=ro.max_episode_tokens))
     warn_long_prompts(render, lengths, r.data.max_prompt_length)
