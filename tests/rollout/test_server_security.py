@@ -313,3 +313,13 @@ def test_server_devices_that_do_not_exist_are_refused_before_the_server_starts(t
     assert "rollout.server.devices names CPU core 4095, which does not exist here" in str(e.value)
     assert "fix: set rollout.server.devices" in str(e.value)
     assert not (tmp_path / "rollout-server.log").exists()   # refused before a server started
+
+
+def test_the_launcher_listens_on_loopback_unless_told_and_always_adds_the_guard():
+    from rltune.rollout.server_auth import MIDDLEWARE
+    from rltune.rollout.server_launch import serve_args
+
+    assert serve_args(["--model", "m"]) == ["--model", "m", "--host", "127.0.0.1", "--middleware", MIDDLEWARE]
+    assert serve_args(["--host", "10.0.0.7", "--model", "m"]) == ["--host", "10.0.0.7", "--model", "m", "--middleware",
+                                                             MIDDLEWARE]
+    assert serve_args(["--host=::1"]) == ["--host=::1", "--middleware", MIDDLEWARE]

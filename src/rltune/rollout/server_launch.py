@@ -5,6 +5,7 @@ route behind rltune's secret (server_auth.RequireSecret). It is what rltune star
 `rollout.server.url`.
 
 - It refuses to start without a secret in RLTUNE_SERVER_SECRET (the environment, never argv).
+- It listens on 127.0.0.1 unless `--host` says otherwise (vLLM's own default is every interface).
 - It sets VLLM_SERVER_DEV_MODE=1 (the RL routes) and appends `--middleware
   rltune.rollout.server_auth.RequireSecret`: vLLM's documented hook for ASGI middleware (its
   `--middleware` argument, in every vLLM rltune supports), added after vLLM's own middleware, so it
@@ -26,6 +27,15 @@ ENTRY = "vllm.entrypoints.launchers.api_server.entry"   # vLLM 0.32: main()
 LEGACY = "vllm.entrypoints.openai.api_server"          # older vLLM (0.26): run as __main__
 
 
+def serve_args(argv: list[str]) -> list[str]:
+    """The API server's arguments: `argv`, 127.0.0.1 when no --host is given, and rltune's
+    middleware last."""
+    argv = list(argv)
+    if not any(a == "--host" or a.startswith("--host=") for a in argv):
+        argv += ["--host", "127.0.0.1"]
+    return argv + ["--middleware", MIDDLEWARE]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     problem = secret_problem(os.environ.get(SECRET_ENV))
@@ -35,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
               "the same value (rollout.server.secret_env names the variable that holds it)", file=sys.stderr)
         return 2
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"
-    sys.argv = [sys.argv[0] if sys.argv else "server_launch", *argv, "--middleware", MIDDLEWARE]
+    sys.argv = [sys.argv[0] if sys.argv else "server_launch", *serve_args(argv)]
     import importlib.util
 
     if importlib.util.find_spec(ENTRY) is not None:
