@@ -210,6 +210,31 @@ def test_a_resume_without_the_inflight_batches_generates_them_again_and_loses_no
     assert end(run_dir) == end(uninterrupted)
 
 
+def test_a_crafted_inflight_batch_is_generated_again_not_trained(uninterrupted, tmp_path):
+    """Issue 45.11: an in-flight batch is data read back from a file; one with a token id outside the
+    vocabulary crashed the resume (IndexError in the embedding). It is checked and generated again."""
+    import hashlib
+    import shutil
+
+    path = _recipe(tmp_path, "d", 1, trainer__max_steps=STEPS, trainer__save_every=2, trainer__keep_checkpoints=4)
+    run_dir = tmp_path / "d" / "run"
+    src = next(p for p in sorted((uninterrupted / "checkpoints").glob("step-*")) if p.name.endswith("00004"))
+    ckpt = run_dir / "checkpoints" / src.name
+    shutil.copytree(src, ckpt)
+    f = ckpt / "inflight-rank0.pt"
+    batches = torch.load(f, weights_only=True)
+    batches["5"]["exp"]["response_ids"][0, 0] = 10 ** 6
+    torch.save(batches, f)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"][f.name] = {"size": f.stat().st_size, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    res = run_cli("train", path, "--resume", "auto")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "generated again (inflight-rank0.pt is not readable (ValueError: response_ids holds token ids " \
+           "outside the vocabulary" in res.stderr
+    assert [m["step"] for m in read_metrics(run_dir)] == [5, 6, 7, 8]
+
+
 # ---------------------------------------------------------------------- the staleness guard (unit)
 def _batch(versions: list[int], G: int = 2, T: int = 3):
     from rltune.rollout.experience import Experience
@@ -239,6 +264,26 @@ def test_groups_past_the_bound_are_dropped_whole():
     drawn, m = p._enforce_bound(_batch([4, 4, 3, 3, 4, 2]))
     assert drawn.batch.prompts == ["p0", "p0"] and drawn.batch.exp.size == 2
     assert m["async/dropped"] == 2 and m["async/staleness_max"] == 1 and m["async/regenerated"] == 0
+
+
+def test_on_stale_drop_with_every_group_stale_generates_them_again_and_says_why(monkeypatch, caplog):
+    """Issue 45.11: dropping every group would leave the step no batch; they are generated again,
+    and the warning says so (it used to claim on_stale: regenerate)."""
+    import logging
+    import threading
+
+    from rltune.train import pipeline
+
+    p = _guard("drop", policy=5)
+    p.cv, p.busy, p.error, p.next, p.allowed = threading.Condition(), False, None, 9, 9
+    p.policy_of, p._producer_c = {7: 5}, None
+    p.engine = type("E", (), {"pad_id": 0, "version": 7})()
+    monkeypatch.setattr(pipeline, "rescore", lambda c, rows: (_batch([7] * (2 * len(rows))).batch,
+                                                               torch.full((2 * len(rows),), 3)))
+    with caplog.at_level(logging.WARNING, logger="rltune"):
+        drawn, m = p._enforce_bound(_batch([3, 3, 2, 2]))
+    assert drawn.batch.exp.size == 4 and m["async/regenerated"] == 2 and m["async/dropped"] == 0
+    assert "every group was stale and on_stale: drop would leave the step no batch" in caplog.text
 
 
 def test_groups_past_the_bound_are_generated_again(monkeypatch):

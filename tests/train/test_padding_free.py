@@ -199,3 +199,41 @@ def test_token_counts_by_hand():
     assert pack(prompt, response, 2, 12, "packed-shared") == [0, 2, 4]
     assert pack(prompt, response, 2, 15, "packed-shared") == [0, 4]
     assert pack(prompt, response, 2, 15, "packed") == [0, 2, 4]                       # 13 + 8 > 15
+
+
+_MASK_PEAK = r'''
+import json, resource, sys, torch
+from rltune.train.packed import Packed
+L, attn = int(sys.argv[1]), sys.argv[2]
+seg = torch.arange(L) // (L // 4)                          # 4 prompts, each with its rows
+row = torch.where(torch.arange(L) % 7 == 0, -1, torch.arange(L) // 50)
+p = Packed(torch.zeros(1, L, dtype=torch.long), torch.zeros(1, L, dtype=torch.long), seg, row,
+           torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+           torch.zeros(1, dtype=torch.long))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+mask = p.attention_mask(attn, torch.bfloat16)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"peak": (after - before) * 1024, "kept": mask.numel() * mask.element_size()}))
+'''
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_the_dense_masks_peak_is_what_the_plan_counts(attn):
+    """Issue 45.11: building the padding-free mask held four to five (L, L) bool terms at once,
+    ~4x the one mask the plan counted. Built in place, the peak (the process's high-water RSS
+    grown while it is built, L = 6000) stays within the plan's count: the mask and one temporary."""
+    import json
+    import subprocess
+    import sys
+
+    from rltune.plan.estimate import packed_mask_bytes
+    from trainlib import cli_env
+
+    L = 6000
+    out = subprocess.run([sys.executable, "-c", _MASK_PEAK, str(L), attn], capture_output=True, text=True,
+                         env=cli_env(OMP_NUM_THREADS="1"), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    planned = packed_mask_bytes(rows=1, micro=2, length=L, attn=attn, dtype_bytes=2)
+    assert got["kept"] == L * L * (1 if attn == "sdpa" else 2)
+    assert got["peak"] <= 1.1 * planned, (got, planned)

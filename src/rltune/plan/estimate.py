@@ -232,8 +232,10 @@ def pass_shape(recipe, arch: Arch, attn: str, micro: int, seq: int) -> tuple[int
 
 def packed_mask_bytes(rows: int, micro: int, length: int, attn: str, dtype_bytes: int) -> int:
     """A no-grad pass's dense mask where `pass_shape` made the micro-batch one sequence (rows !=
-    micro): bool for SDPA, the model's dtype for eager; 0 for padded passes."""
-    return length * length * (1 if attn == "sdpa" else dtype_bytes) if rows != micro else 0
+    micro), at its peak while it is built (train/packed.py `attention_mask`): for SDPA the bool mask
+    and one bool temporary, for eager the bool mask and the additive one in the model's dtype; 0
+    for padded passes."""
+    return length * length * (2 if attn == "sdpa" else 1 + dtype_bytes) if rows != micro else 0
 
 
 def _mode_word(mode) -> str:

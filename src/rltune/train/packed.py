@@ -77,14 +77,18 @@ class Packed:
     def attention_mask(self, attn: str, dtype: torch.dtype) -> torch.Tensor:
         """(1, 1, L, L): query q sees key k where k <= q, both in one segment, and k is a prompt
         token or in q's row. Bool (True = attend) for SDPA, 0 / dtype's min for eager."""
-        L = self.length
         seg, row = self.segment, self.row
-        causal = torch.ones(L, L, dtype=torch.bool, device=seg.device).tril()                  # (L, L)
-        same = (seg[:, None] == seg[None, :]) & ((row[None, :] < 0) | (row[:, None] == row[None, :]))
-        allowed = (causal & same)[None, None]                                                   # (1, 1, L, L)
+        # built in place: at most the mask and one (L, L) bool temporary are alive at once (the
+        # plan counts that peak: plan/estimate.py packed_mask_bytes); an expression of (L, L)
+        # terms held four to five of them
+        allowed = row[:, None] == row[None, :]                                                  # (L, L)
+        allowed |= (row < 0)[None, :]
+        allowed &= seg[:, None] == seg[None, :]
+        allowed = allowed.tril_()[None, None]                                                   # (1, 1, L, L)
         if attn == "sdpa":
             return allowed
-        return torch.zeros(allowed.shape, dtype=dtype, device=seg.device).masked_fill(~allowed, torch.finfo(dtype).min)
+        additive = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=seg.device)
+        return additive.masked_fill_(allowed, 0.0)
 
 
 def layout(mb: Experience, share: bool) -> Packed | None:

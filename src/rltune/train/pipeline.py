@@ -187,7 +187,11 @@ class Pipeline:
                 LOG.warning("[Async] %d group(s) had tokens older than rollout.asynchronous.max_staleness %d "
                             "versions: dropped (on_stale: drop)", len(stale_groups), self.K)
             else:
-                drawn = self._regenerate(drawn, stale_groups, keep)
+                # on_stale: drop with every group stale would leave the step no batch: they are
+                # generated again instead, and the warning says so
+                drawn = self._regenerate(drawn, stale_groups, keep,
+                                         "every group was stale and on_stale: drop would leave the step no batch"
+                                         if self.on_stale == "drop" else "on_stale: regenerate")
                 m["async/regenerated"] = float(len(stale_groups))
             exp = drawn.batch.exp
             mask = exp.train_mask.bool()
@@ -197,7 +201,8 @@ class Pipeline:
         m["async/staleness_max"] = float(lag.max()) if lag.numel() else 0.0
         return drawn, m
 
-    def _regenerate(self, drawn: StepBatch, stale: list[int], keep: list[int]) -> StepBatch:
+    def _regenerate(self, drawn: StepBatch, stale: list[int], keep: list[int],
+                    why: str = "on_stale: regenerate") -> StepBatch:
         """The stale groups' prompts generated again now (the producer waits: one engine)."""
         G = self.group
         with self.cv:
@@ -214,7 +219,7 @@ class Pipeline:
                 self.allowed = allowed
                 self.cv.notify_all()
         LOG.warning("[Async] %d group(s) had tokens older than rollout.asynchronous.max_staleness %d versions: "
-                    "generated again with the current weights (on_stale: regenerate)", len(stale), self.K)
+                    "generated again with the current weights (%s)", len(stale), self.K, why)
         kept = _select_groups(drawn, keep, G) if keep else None
         batch = Scored.concat(([kept.batch] if kept else []) + [fresh], self.engine.pad_id)
         lengths = torch.cat(([kept.lengths] if kept else []) + [fresh_lengths.to(drawn.lengths.dtype)])
@@ -308,3 +313,31 @@ def unpack(d: dict) -> StepBatch:
     exp = Experience(**{k: v for k, v in d["exp"].items() if k in fields})
     s = Scored(exp, *[plain[k] for k in _PLAIN])
     return StepBatch(s, d["lengths"], plain["metrics"], plain["rollout_s"], plain["reward_s"])
+
+
+def check_batch(b: StepBatch, vocab: int) -> None:
+    """A batch read back from a checkpoint's in-flight file is data like any received file: its
+    shapes agree, its token ids are in [0, vocab), its log-probs and scores are finite, else
+    ValueError naming what is wrong (the resume then generates the batch again)."""
+    exp, s = b.batch.exp, b.batch
+    B, T = exp.response_ids.shape if exp.response_ids.dim() == 2 else (-1, -1)
+    want = {"prompt_ids": (B, exp.prompt_ids.shape[-1]), "prompt_mask": (B, exp.prompt_ids.shape[-1]),
+            "response_ids": (B, T), "response_mask": (B, T), "loss_mask": (B, T), "rollout_logp": (B, T),
+            "versions": (B, T), "scores": (B,), "truncated": (B,), "turn_tokens": (B,)}
+    for name, shape in want.items():
+        value = getattr(exp, name)
+        if value is not None and (B < 0 or tuple(value.shape) != shape):
+            raise ValueError(f"{name} has shape {tuple(value.shape)}, the batch's rows need {shape}")
+    for name in ("prompt_ids", "response_ids"):
+        ids = getattr(exp, name)
+        if ids.dtype != torch.long:
+            raise ValueError(f"{name} holds {ids.dtype}, not token ids")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            raise ValueError(f"{name} holds token ids outside the vocabulary [0, {vocab})")
+    for name in ("rollout_logp", "scores"):
+        value = getattr(exp, name)
+        if value is not None and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{name} holds values that are not finite")
+    if tuple(b.lengths.shape) != (B,) or any(len(getattr(s, k)) != B for k in ("prompts", "completions", "rows",
+                                                                                "conversations")):
+        raise ValueError(f"its texts and lengths do not have the batch's {B} rows")

@@ -338,7 +338,7 @@ def _start_pipeline(run: Run, state: dict | None, resume_path: Path | None) -> N
     they began: no prompt is lost either way."""
     from .checkpoint import load_tensors_only
     from .collective import world_size
-    from .pipeline import Pipeline, unpack
+    from .pipeline import Pipeline, check_batch, unpack
 
     c, K = run.c, run.recipe.rollout.asynchronous.max_staleness
     entry = (state or {}).get("async")
@@ -353,8 +353,12 @@ def _start_pipeline(run: Run, state: dict | None, resume_path: Path | None) -> N
             try:
                 loaded = load_tensors_only(path)
                 inflight = {int(j): unpack(d) for j, d in loaded.items()}
+                for batch in inflight.values():   # data, checked before it is trained on
+                    check_batch(batch, vocab_size(c))
             except Exception as err:  # noqa: BLE001 - any unreadable file: regenerate instead
-                why = f"{path.name} is not readable ({type(err).__name__})"
+                inflight = None
+                detail = f": {str(err)[:160]}" if isinstance(err, ValueError) else ""
+                why = f"{path.name} is not readable ({type(err).__name__}{detail})"
             if inflight is not None and sorted(inflight) != [int(j) for j in entry["inflight_steps"]]:
                 inflight, why = None, f"{path.name} does not hold the steps state.json names"
             before = _inflight_before(entry, inflight)
@@ -378,6 +382,12 @@ def _start_pipeline(run: Run, state: dict | None, resume_path: Path | None) -> N
                             else f"with partial rollouts needs the vllm-server engine (this run uses {c.rollout.name})"
                             "\n  fix: set rollout.engine: vllm-server, or rollout.asynchronous.partial: false"))
     c.pipeline = Pipeline(c, run.start + 1, run.recipe.trainer.max_steps, inflight, before if inflight else None)
+
+
+def vocab_size(c) -> int:
+    """Rows of the policy's input embedding: the token ids it can take."""
+    module = getattr(c.actor, "module", c.actor)
+    return int(module.get_input_embeddings().num_embeddings)
 
 
 def _inflight_before(entry: dict, inflight: dict | None) -> dict | None:

@@ -145,8 +145,10 @@ def score(c, s: Scored) -> Scored:
         bad = int((~torch.isfinite(scores)).nonzero()[0])
         from ..reward import RewardError
 
-        raise RewardError(f"reward for sample {bad} (prompt {s.prompts[bad][:60]!r}) is {float(scores[bad])}: "
-                          "check the reward model / normalisation")
+        parts = ", ".join(f"{k} {v[bad]:g}" for k, v in s.raw.items()) or "no source"
+        raise RewardError(f"reward for sample {bad} (prompt {s.prompts[bad][:60]!r}) is {float(scores[bad])} "
+                          f"as a float32 ({parts}; reward.normalize {r.reward.normalize}, reward.clip {r.reward.clip})\n"
+                          "  fix: keep each reward source's scores within float32's range (|r| < 3.4e38)")
     s.exp.scores = scores
     return s
 
