@@ -135,3 +135,25 @@ def test_credentials_in_an_attached_url_are_refused_at_start():
     with pytest.raises(ServerError) as e:
         VLLMServerRollout(d, load_tokenizer(d), r.rollout, max_len=128)
     assert "holds credentials" in str(e.value) and "hunter2" not in str(e.value) and "secret_env" in str(e.value)
+
+
+def test_a_server_that_fails_mid_run_says_how_to_resume():
+    """Issue 45 item 9: a server that dies or closes the connection during the run stops it with
+    what happened and the resume command (before: a collective timeout blaming another rank)."""
+    from rltune.rollout.server import free_port
+    from rltune.rollout.vllm_server import VLLMServerRollout
+
+    engine = VLLMServerRollout.__new__(VLLMServerRollout)   # an attached engine whose server is gone
+    engine.base_url, engine.log, engine.process, engine.secret = f"http://127.0.0.1:{free_port()}", None, None, None
+    engine.timeout_s, engine.pause_mode, engine.version, engine.tied_embeddings = 2.0, "wait", 0, False
+    engine.adaptation = _NoWeights()
+    with pytest.raises(ServerError) as e:
+        engine.sync_weights(object())
+    msg = str(e.value)
+    assert "connection refused: nothing listens there" in msg and "--resume auto" in msg
+    assert "restart it" in msg and engine.base_url in msg and "another rank" not in msg
+
+
+class _NoWeights:
+    def full_weights(self, actor):
+        return []

@@ -64,6 +64,27 @@ def visible_device(device: str) -> str:
     return visible[index] if index < len(visible) else str(index)
 
 
+RESUME_FIX = "  fix: {what}, then resume the run: the same `rltune train` command with --resume auto"
+
+
+def _mid_run(method):
+    """A server that fails during the run (it died, closed the connection, stopped answering,
+    answered nonsense) stops it with what to do, resume included."""
+    import functools
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except ServerError as err:
+            if "then resume the run" in str(err):
+                raise
+            what = (f"see why the server at {self.base_url} stopped or misbehaved, restart it"
+                    if self.process is None else f"see why the rollout server stopped (its log: {self.log})")
+            raise ServerError(f"{err}\n{RESUME_FIX.format(what=what)}") from None
+    return wrapper
+
+
 def weights_dir() -> str:
     """Where weight files go: /dev/shm where there is one (RAM), else the temporary directory."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
@@ -360,6 +381,7 @@ class VLLMServerRollout:
                 "stop_token_ids": sorted(self.eos_ids), "logprobs": 0, "skip_special_tokens": False,
                 "detokenize": bool(s.stop)}
 
+    @_mid_run
     def generate(self, prompt_ids: list[list[int]], sampling: Sampling):
         from .vllm import _truncates, experience_from_samples
 
@@ -395,6 +417,7 @@ class VLLMServerRollout:
         return ids, logps
 
     # -- weights --
+    @_mid_run
     def sync_weights(self, actor) -> float:
         """The actor's full weights (a LoRA actor's merged) -> the server, through vLLM's RL API;
         returns milliseconds. The server is paused for the update (no request sees half the
