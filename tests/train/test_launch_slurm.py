@@ -68,7 +68,8 @@ def test_the_sbatch_script_trains_on_two_nodes_under_a_slurm_shim(tmp_path):
 
 
 def test_dry_run_prints_the_script_and_a_bad_recipe_submits_nothing(tmp_path):
-    path = tiny_recipe(tmp_path, "tiny-ppo.yaml")
+    # batch sizes that divide over 4 x 8 ranks: launch lints at the job's world size (tests/train/test_launch_lint.py)
+    path = tiny_recipe(tmp_path, "tiny-ppo.yaml", rollout__batch_size=96, train__batch_size=384, train__micro_batch_size=4)
     res = run_cli("launch", "slurm", path, "--nodes", "4", "--gpus-per-node", "8", "--partition", "gpu",
                   "--env", "NCCL_SOCKET_IFNAME=ib0", "--dry-run")
     assert res.returncode == 0, res.stderr
@@ -76,11 +77,11 @@ def test_dry_run_prints_the_script_and_a_bad_recipe_submits_nothing(tmp_path):
     assert "--nnodes 4 --nproc 8" in res.stdout and "export NCCL_SOCKET_IFNAME=ib0" in res.stdout
     assert not (tmp_path / "run" / "slurm").exists()
     res = run_cli("launch", "slurm", path, "--nodes", "2", "actor.lr=-1", "--dry-run")
-    assert res.returncode == 2 and "actor.lr" in res.stderr and "#SBATCH" not in res.stdout
+    assert res.returncode == 1 and "actor.lr" in res.stderr and "#SBATCH" not in res.stdout
 
 
 def test_k8s_prints_a_pytorchjob(tmp_path):
-    path = tiny_recipe(tmp_path, "tiny-ppo.yaml")
+    path = tiny_recipe(tmp_path, "tiny-ppo.yaml", rollout__batch_size=96, train__batch_size=384, train__micro_batch_size=4)
     res = run_cli("launch", "k8s", path, "--nodes", "3", "--gpus-per-node", "8", "--image", "ghcr.io/me/rltune:1")
     assert res.returncode == 0, res.stderr
     job = yaml.safe_load(res.stdout)

@@ -38,6 +38,13 @@ printf '%s\\n' "$@" > "$SHIM_CWD/srun.args"
 }
 
 
+def _recipe(d, **overrides):
+    """tiny-ppo with batch sizes that divide over every world size launched here (2, 3, 12, 16 ranks):
+    launch lints at nodes x procs per node (issue 46 item 3), and these tests are about the script."""
+    return tiny_recipe(d, "tiny-ppo.yaml", rollout__batch_size=48, train__batch_size=192, train__micro_batch_size=4,
+                       **overrides)
+
+
 def _env(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -68,7 +75,7 @@ def test_a_recipe_output_dir_with_a_newline_runs_nothing(tmp_path):
     """output_dir "run\\ntouch PWNED\\n" used to become a line of the script (and cut off the
     #SBATCH lines after it): it is refused, naming the key, with the fix; no script, no file."""
     bad = str(tmp_path / "run\ntouch PWNED\n")
-    path = tiny_recipe(tmp_path, "tiny-ppo.yaml", trainer__output_dir=bad)
+    path = _recipe(tmp_path, trainer__output_dir=bad)
     env = _env(tmp_path)
     for extra in (["--dry-run"], []):
         res = run_cli("launch", "slurm", path, "--nodes", "2", *extra, env=env)
@@ -77,7 +84,7 @@ def test_a_recipe_output_dir_with_a_newline_runs_nothing(tmp_path):
         assert "#SBATCH" not in res.stdout
     assert not _pwned(tmp_path) and not (tmp_path / "cwd" / "job.out").exists()
     # the same through an override (a value on the command line, or in a received recipe)
-    path = tiny_recipe(tmp_path, "tiny-ppo.yaml")
+    path = _recipe(tmp_path)
     res = run_cli("launch", "slurm", path, "--nodes", "2", f"trainer.output_dir={bad}", env=env)
     assert res.returncode == 2 and "trainer.output_dir" in res.stderr, res.stderr[-2000:]
     assert not _pwned(tmp_path)
@@ -88,7 +95,7 @@ def test_a_recipe_output_dir_with_a_newline_runs_nothing(tmp_path):
                                        ("--account", "me#x"), ("--account", "a'b"),
                                        ("--partition", "gpu\r"), ("--account", "x\u2028touch PWNED")])
 def test_directive_values_a_directive_cannot_hold_are_refused(tmp_path, opt, value):
-    path = tiny_recipe(tmp_path, "tiny-ppo.yaml")
+    path = _recipe(tmp_path)
     env = _env(tmp_path)
     for extra in (["--dry-run"], []):
         res = run_cli("launch", "slurm", path, "--nodes", "2", opt, value, *extra, env=env)
@@ -105,7 +112,7 @@ def test_shell_values_are_quoted_and_every_directive_kept(tmp_path):
     d = tmp_path / "a dir $(touch PWNED1) `touch PWNED2`; touch PWNED3 'q\"'"
     d.mkdir()
     out = tmp_path / "out$(touch${IFS}PWNED4)"
-    path = tiny_recipe(d, "tiny-ppo.yaml", trainer__output_dir=str(out))
+    path = _recipe(d, trainer__output_dir=str(out))
     env = _env(tmp_path)
     weird = "x $(touch PWNED5); `touch PWNED6` \"'\n touch PWNED7"
     res = run_cli("launch", "slurm", path, "--nodes", "2", "--gpus-per-node", "8", "--partition", "gpu,debug",
@@ -128,7 +135,7 @@ def test_shell_values_are_quoted_and_every_directive_kept(tmp_path):
 
 
 def test_env_names_must_be_names(tmp_path):
-    path = tiny_recipe(tmp_path, "tiny-ppo.yaml")
+    path = _recipe(tmp_path)
     for bad in ("A;touch PWNED=1", "1X=2", "X Y=1", "=1", "NOEQUALS"):
         res = run_cli("launch", "slurm", path, "--nodes", "2", "--env", bad, "--dry-run")
         assert res.returncode == 2, (bad, res.returncode, res.stdout[-500:])
@@ -140,7 +147,7 @@ def test_env_names_must_be_names(tmp_path):
                                   ["--nodes", "2", "--procs-per-node", "0"],
                                   ["--nodes", "2", "--procs-per-node", "-1"]])
 def test_counts_must_be_positive(tmp_path, target, args):
-    path = tiny_recipe(tmp_path, "tiny-ppo.yaml")
+    path = _recipe(tmp_path)
     extra = ["--dry-run"] if target == "slurm" else ["--image", "img:1"]
     res = run_cli("launch", target, path, *args, *extra)
     assert res.returncode == 2, (res.returncode, res.stdout[-1000:])
@@ -156,7 +163,7 @@ DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 def test_k8s_names_are_valid_and_values_not_expanded(tmp_path, run_name):
     d = tmp_path / "r$(HOME)"
     d.mkdir()
-    path = tiny_recipe(d, "tiny-ppo.yaml", trainer__output_dir=str(tmp_path / run_name))
+    path = _recipe(d, trainer__output_dir=str(tmp_path / run_name))
     res = run_cli("launch", "k8s", path, "--nodes", "12", "--image", "img:1", "logging.wandb_project=$(SECRET)")
     assert res.returncode == 0, res.stderr[-2000:]
     job = yaml.safe_load(res.stdout)
@@ -173,7 +180,7 @@ def test_k8s_names_are_valid_and_values_not_expanded(tmp_path, run_name):
 def test_the_script_is_never_written_through_a_link(tmp_path):
     """A received run directory whose slurm/NAME.sbatch (or slurm/ itself) is a link: refused,
     the file it points at unchanged."""
-    path = tiny_recipe(tmp_path, "tiny-ppo.yaml")
+    path = _recipe(tmp_path)
     env = _env(tmp_path)
     victim = tmp_path / "victim.sh"
     victim.write_text("mine\n")
@@ -200,7 +207,7 @@ def test_the_script_is_never_written_through_a_link(tmp_path):
 
 
 def test_script_path_replaces_a_file_only_with_force(tmp_path):
-    path = tiny_recipe(tmp_path, "tiny-ppo.yaml")
+    path = _recipe(tmp_path)
     env = _env(tmp_path)
     mine = tmp_path / "job.sh"
     mine.write_text("mine\n")

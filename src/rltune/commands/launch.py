@@ -200,10 +200,18 @@ def run(target: str, recipe_path: str, overrides: list[str], nodes: int, procs: 
 
     _check_counts(nodes, procs, gpus)
     procs = procs or max(gpus, 1)
-    recipe, findings = check_all(recipe_path, overrides)
+    # linted at the job's world size (nodes x procs), as each rank's `train --nnodes N --nproc P` will
+    # lint it: a recipe valid at one rank may not divide over 32 (issue 46 item 3)
+    at_world = list(overrides) + [f"trainer.nnodes={nodes}", f"trainer.nproc={procs}"]
+    recipe, findings = check_all(recipe_path, at_world)
+    shown = [f for f in findings if f.severity in ("error", "warning")]
+    if shown:
+        print(format_findings(shown, "text"), file=sys.stderr)
     if recipe is None or has_errors(findings):   # the job would only fail on the cluster
-        print(format_findings([f for f in findings if f.severity == "error"], "text"), file=sys.stderr)
-        return 2
+        again = shlex.join(["rltune", "validate", str(recipe_path), *at_world])
+        print(f"rltune: {recipe_path}: the recipe has errors at {nodes} node(s) x {procs} rank(s) = world size "
+              f"{nodes * procs}; nothing written or submitted (see `{again}`)", file=sys.stderr)
+        return 1
     if target == "k8s":
         if not image:
             raise UserError("rltune launch k8s needs --image: a container image with rltune installed")
