@@ -134,7 +134,7 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = N
     from .episodes import load_environment
 
     env = load_environment(recipe, tokenizer, recipe_dir)     # rollout.env: episodes (docs/agents.md)
-    env_reward = env is not None and hasattr(env[0], "reward")
+    env_reward = env is not None and _env_gives_reward(env[0])   # an agent's run() returns its reward
     rewards = RewardComputer(recipe.reward, recipe_dir, reward_model, LOG, gather=gather_floats,
                              env_reward=env_reward)
 
@@ -187,6 +187,16 @@ def gather_floats(values: list[float]) -> list[float]:
     from .collective import gather_rows
 
     return gather_rows(torch.tensor(values, dtype=torch.float64)).tolist()
+
+
+def _env_gives_reward(env) -> bool:
+    """Whether the loaded `rollout.env` scores its episodes: an agent function (run() returns the
+    reward), an environment class with reward(), or an isolated one (rollout.env_isolate) whose
+    worker said so. (hasattr(env, "reward") missed the first and the last: 'no reward' at set-up.)"""
+    from ..agents.env import gives_reward
+    from ..agents.isolate import EnvPool
+
+    return bool(env.gives_reward) if isinstance(env, EnvPool) else gives_reward(env)
 
 
 def _check_meshes(recipe: Recipe, dist: DistInfo) -> None:
