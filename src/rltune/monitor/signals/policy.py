@@ -75,6 +75,13 @@ class KLHigh(Detector):
 
 
 class KLSpike(Detector):
+    """KL at or above `kl_spike_min` and more than `kl_spike_factor` x the run's recent KL scale: the
+    largest |KL| of the last 4 x window steps, at least `kl_spike_min / (10 x kl_spike_factor)`. The k1
+    estimator (and other tools' logged KL) can be negative: a noisy estimate around 0. Its recent
+    max is then a floor reached through negative values (0.0 -> 0.767 read as '7668x its recent max
+    0.0001', an error with async partial rollouts while synchronous runs with larger jumps stayed
+    quiet); the magnitude of those values is the run's real scale, and a ratio against a near-zero
+    max says nothing beyond `kl >= kl_spike_min` (issue 46 item 5)."""
     name = "kl_spike"
 
     def check(self, mon, step, v, fired):
@@ -85,7 +92,9 @@ class KLSpike(Detector):
         hist = mon.recent("kl", 4 * h.window)
         if len(hist) < max(2, h.warmup_steps):
             return []
-        ref = max(max(hist), 1e-4)
+        scale = max(abs(x) for x in hist)          # not max(hist): k1 values below 0 have a size too
+        floor = h.kl_spike_min / (10 * h.kl_spike_factor)   # below it a ratio is noise over noise (0.003 by default)
+        ref = max(scale, floor)
         spike = kl >= h.kl_spike_min and kl > h.kl_spike_factor * ref
         if not spike:
             self.state["armed"] = True
@@ -94,10 +103,16 @@ class KLSpike(Detector):
             return []
         self.state["armed"] = False
         ch, lines = A.for_spike(mon.recipe)
-        msg = (f"KL spike at step {step}: {A.fmt(_rd(max(hist[-1], 0.0), 3))} -> {A.fmt(_rd(kl, 3))} "
-               f"({kl / ref:.0f}x its recent max {A.fmt(_rd(ref, 3))}); reward can still look fine: the spike is the warning")
+        if scale >= floor:
+            against = f"{kl / ref:.0f}x its recent max |KL| {A.fmt(_rd(ref, 3))}"
+        else:   # a ratio against ~0 means nothing: say what the spike is measured against
+            against = (f"at least health.kl_spike_min {A.fmt(h.kl_spike_min)}, its recent |KL| at most "
+                       f"{A.fmt(_rd(scale, 3))}")
+        msg = (f"KL spike at step {step}: {A.fmt(_rd(hist[-1], 3))} -> {A.fmt(_rd(kl, 3))} "
+               f"({against}); reward can still look fine: the spike is the warning")
         return [Event(step, "kl_spike", "error", msg,
-                      {"kl": _rd(kl), "recent_max": _rd(ref), "factor": _rd(kl / ref, 3), "role": "actor"}, lines, ch)]
+                      {"kl": _rd(kl), "recent_max": _rd(scale), "scale": _rd(ref), "factor": _rd(kl / ref, 3),
+                       "role": "actor"}, lines, ch)]
 
 
 class ClipfracHigh(Sustained):
