@@ -47,8 +47,12 @@ def test_ids_within_tokenises_a_bounded_head_of_a_flood(render, monkeypatch):
             return getattr(real, name)
 
     monkeypatch.setattr(render, "tok", Counting())
-    assert render.ids_within("x" * 20_000_000, 100) is None
-    assert max(sizes) <= 101 * render.max_token_chars()
+    longest = max(render.tok.get_vocab(), key=len)                      # a flood of the longest token
+    flood = render.tok.convert_tokens_to_string([longest])
+    for text in ("x" * 20_000_000, flood * (20_000_000 // len(flood))):
+        sizes.clear()
+        assert render.ids_within(text, 100) is None
+        assert max(sizes) <= (101 + 64) * render.max_token_chars()
 
 
 def test_prompt_ids_are_the_last_ids_and_their_count_and_a_flood_is_tokenised_from_its_tail(render, monkeypatch):

@@ -97,11 +97,13 @@ class Renderer:
         would take minutes and gigabytes; only the episode's room can be used).
 
         A token covers at most `max_token_chars` characters (its longest vocabulary entry, in
-        bytes for byte-level vocabularies), so text longer than (room + 1) x that takes more than
-        `room` tokens; the head of that length is tokenised to confirm it (HEAD_SLACK tokens of
-        margin for the cut), and a tokenizer whose normaliser packs more characters into a token
-        than its vocabulary shows gets the whole text tokenised: exact either way."""
-        bound = (max(room, 0) + 1) * self.max_token_chars()
+        bytes for byte-level vocabularies), so c characters take at least c / max_token_chars
+        tokens: a head of (room + 1 + HEAD_SLACK) x max_token_chars characters takes more than
+        room + HEAD_SLACK (even a flood of the longest token), which says the whole takes more than
+        `room` (HEAD_SLACK: margin for where the head is cut). Text up to that length is tokenised
+        whole; a tokenizer whose normaliser packs more characters into a token than its
+        vocabulary shows gets the whole text tokenised too: exact either way."""
+        bound = (max(room, 0) + 1 + HEAD_SLACK) * self.max_token_chars()
         if len(text) > bound and len(self.ids(text[:bound])) > max(room, 0) + HEAD_SLACK:
             return None
         ids = self.ids(text)
