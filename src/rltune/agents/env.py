@@ -75,10 +75,14 @@ def load_env_class(spec: str, base_dir: Path | None = None) -> type:
     try:
         if kind_of(cls) == "tools":
             tool_schemas(cls)
+        problems = class_signature_problems(cls)
     except EnvError as err:
         raise EnvError(f"{spec}: {err.problem}", err.fix) from None
     except ValueError as err:
         raise EnvError(f"{spec}: {err}", "fix the tool method named above") from None
+    if problems:       # what a method takes or returns: found before any model loads, not at step 1
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise EnvError(f"{spec}: {problems[0][0]}{more}", problems[0][1])
     return cls
 
 
@@ -153,62 +157,301 @@ def is_agent(obj) -> bool:
 
 
 def check_agent(fn) -> None:
-    """EnvError unless `fn` can be called as fn(client, row)."""
+    """EnvError unless `fn` can be called as fn(client, row), with its parameters in that order
+    and no return annotation that is not a number."""
     try:
         inspect.signature(fn).bind(object(), object())
     except TypeError:
         raise EnvError(f"agent function {fn.__qualname__}{inspect.signature(fn)} cannot be called as "
                        "run(client, row)", SIGNATURE_FIX) from None
+    sig = _runtime_sig(fn)
+    problems = [] if sig is None else _agent_problems(sig, f"agent function {fn.__qualname__}", fn.__name__)
+    if problems:
+        raise EnvError(*problems[0])
 
 
 def check_agent_def(node: ast.FunctionDef | ast.AsyncFunctionDef, target: str) -> str | None:
     """A problem with an agent function, judged from its text (validate), or None."""
+    problems = agent_def_problems(node, target)
+    return problems[0][0] if problems else None
+
+
+def agent_def_problems(node: ast.FunctionDef | ast.AsyncFunctionDef, target: str) -> list[tuple[str, str]]:
+    """Every (problem, fix) with an agent function, judged from its text (validate)."""
     a = node.args
     positional = a.posonlyargs + a.args
     required_kw = [k.arg for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
     if (len(positional) < 2 and not a.vararg) or required_kw or (
             len(positional) - len(a.defaults) > 2):
-        return (f"agent function `{node.name}` in `{target}` cannot be called as run(client, row): "
-                + SIGNATURE_FIX)
-    return None
+        return [(f"agent function `{node.name}` in `{target}` cannot be called as run(client, row): "
+                 + SIGNATURE_FIX, SIGNATURE_FIX)]
+    return _agent_problems(_ast_sig(node), f"agent function `{node.name}` in `{target}`", node.name)
+
+
+# ---------------------------------------------------------------- signatures: what rltune passes each method
+
+# a method's return annotation that names only these kinds of value, none of them one rltune takes,
+# is wrong (an annotation naming anything else, or nothing, cannot be judged)
+KNOWN_TYPES = {"None": "None", "NoneType": "None", "str": "str", "int": "int", "float": "float", "bool": "bool",
+               "bytes": "bytes", "dict": "dict", "Dict": "dict", "Mapping": "dict", "MutableMapping": "dict",
+               "list": "list", "List": "list", "Sequence": "list", "tuple": "tuple", "Tuple": "tuple",
+               "set": "set", "Set": "set", "frozenset": "set", "FrozenSet": "set"}
+NUMBER = ({"int", "float", "bool"}, "the episode's reward, a finite number", "-> float")
+RETURNS = {
+    ("tools", "reset"): ({"None", "str", "list"}, "None (keep the prompt), a str (added to the prompt) or a list "
+                         "of messages", "-> str | None"),
+    ("turns", "reset"): ({"list"}, 'the first messages, a non-empty list of {"role", "content"} dicts',
+                         "-> list[dict]"),
+    ("turns", "step"): ({"dict"}, 'a dict {"messages", "done", "info"}', "-> dict"),
+    ("tools", "reward"): NUMBER,
+    ("turns", "reward"): NUMBER,
+    ("agent", "run"): NUMBER,
+}
+ROW_NAMES = frozenset({"row", "rows", "example", "sample", "record", "item"})
+TOOLS_REWARD_FIX = ("def reward(self) -> float: score from what reset() and the tools kept on self (a tools "
+                    "environment's reward gets no arguments; reward.functions score the last answer)")
+
+
+class _Sig:
+    """A function's signature as rltune calls it, read from its text (ast) or from the function."""
+
+    def __init__(self, params, required, vararg, kwonly, required_kw, returns, doc, decorated=False):
+        self.params, self.required, self.vararg = list(params), required, vararg   # positional, self included
+        self.kwonly, self.required_kw = list(kwonly), list(required_kw)
+        self.returns, self.doc, self.decorated = returns, doc, decorated
+
+    def takes(self, n: int) -> bool:
+        """Whether it can be called with n positional arguments (self counted) and nothing else."""
+        return (len(self.params) >= n or self.vararg) and self.required <= n and not self.required_kw
+
+    def text(self, name: str) -> str:
+        return f"{name}({', '.join(self.params + (['*args'] if self.vararg else []) + self.kwonly)})"
+
+
+def _ast_names(node) -> set | None:
+    """The kinds of value (KNOWN_TYPES' values) an annotation names, or None when it names others."""
+    if isinstance(node, ast.Constant):
+        if node.value is None:
+            return {"None"}
+        if isinstance(node.value, str):       # a string annotation: its text
+            try:
+                return _ast_names(ast.parse(node.value, mode="eval").body)
+            except (SyntaxError, ValueError, RecursionError):
+                return None
+        return None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        left, right = _ast_names(node.left), _ast_names(node.right)
+        return None if left is None or right is None else left | right
+    if isinstance(node, ast.Subscript):
+        base = node.value.id if isinstance(node.value, ast.Name) else getattr(node.value, "attr", None)
+        if base in ("Optional", "Union"):
+            parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            names = [_ast_names(x) for x in parts]
+            if any(n is None for n in names):
+                return None
+            return set().union(*names) | ({"None"} if base == "Optional" else set())
+        node = node.value
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None) if isinstance(node, ast.Attribute) else None
+    return {KNOWN_TYPES[name]} if name in KNOWN_TYPES else None
+
+
+def _hint_names(hint) -> set | None:
+    """_ast_names for a resolved type hint."""
+    import collections.abc
+    import types
+    import typing
+
+    if hint is None or hint is type(None):
+        return {"None"}
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or (hasattr(types, "UnionType") and origin is types.UnionType):
+        names = [_hint_names(a) for a in typing.get_args(hint)]
+        return None if any(n is None for n in names) else set().union(*names)
+    base = origin or hint
+    known = {str: "str", int: "int", float: "float", bool: "bool", bytes: "bytes", dict: "dict",
+             collections.abc.Mapping: "dict", collections.abc.MutableMapping: "dict", list: "list",
+             collections.abc.Sequence: "list", tuple: "tuple", set: "set", frozenset: "set"}
+    try:
+        return {known[base]} if base in known else None
+    except TypeError:       # an unhashable annotation
+        return None
+
+
+def _ast_sig(f) -> _Sig:
+    a = f.args
+    params = [x.arg for x in a.posonlyargs + a.args]
+    return _Sig(params, len(params) - len(a.defaults), a.vararg is not None, [k.arg for k in a.kwonlyargs],
+                [k.arg for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is None],
+                None if f.returns is None else _ast_names(f.returns), ast.get_docstring(f), bool(f.decorator_list))
+
+
+def _runtime_sig(fn) -> _Sig | None:
+    """The _Sig of a function (None when inspect cannot read it). Its return hint is resolved as
+    the tools' schemas resolve theirs (typing.get_type_hints); one that does not resolve is not judged."""
+    import typing
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    P = inspect.Parameter
+    pos = [p for p in sig.parameters.values() if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    kw = [p for p in sig.parameters.values() if p.kind == P.KEYWORD_ONLY]
+    returns = None
+    if sig.return_annotation is not inspect.Signature.empty:
+        try:
+            returns = _hint_names(typing.get_type_hints(fn).get("return", object))
+        except Exception:  # noqa: BLE001 - a forward reference that does not resolve: not judged
+            returns = None
+    return _Sig([p.name for p in pos], sum(p.default is P.empty for p in pos),
+                any(p.kind == P.VAR_POSITIONAL for p in sig.parameters.values()), [p.name for p in kw],
+                [p.name for p in kw if p.default is P.empty], returns, inspect.getdoc(fn))
+
+
+def _return_problem(kind: str, method: str, sig: _Sig, label: str) -> tuple[str, str] | None:
+    takes, what, fix = RETURNS[(kind, method)]
+    if sig.returns is None or sig.returns & takes:
+        return None
+    shown = " | ".join(sorted(sig.returns))
+    return (f"{label}: {method}() is annotated `-> {shown}`, but rltune reads what it returns as {what}",
+            f"annotate it `{fix}` (or drop the annotation), and return {what}")
+
+
+def _agent_problems(sig: _Sig, label: str, name: str) -> list[tuple[str, str]]:
+    out = []
+    first, second = (sig.params + ["", ""])[:2]
+    if first.lower() in ROW_NAMES or "client" in second.lower():
+        out.append((f"{label}: {sig.text(name)} has its parameters swapped: rltune calls it as run(client, row), "
+                    f"so `{first}` would get the OpenAI client and `{second}` the data row",
+                    f"def {name}(client, row): the client first, then the row (a dict of its columns)"))
+    p = _return_problem("agent", "run", sig, label)
+    if p:
+        out.append(p)
+    return out
+
+
+def _method_problems(kind: str, label: str, methods: dict, tools: dict) -> list[tuple[str, str]]:
+    """Every (problem, fix) with what an environment class's methods take and return.
+
+    `methods`: {"reset" / "step" / "reward": _Sig or None}; `tools`: {name: _Sig}. Decorated
+    methods are not judged (a decorator may change the signature)."""
+    out: list[tuple[str, str]] = []
+    reset, step, reward = (methods.get(n) for n in ("reset", "step", "reward"))
+    if reset is not None and not reset.decorated:
+        if not reset.takes(2):
+            out.append((f"{label}: {reset.text('reset')} cannot be called as reset(row): rltune calls reset with "
+                        "the episode's data row (a dict of its columns) before the first turn",
+                        "def reset(self, row): (ignore `row` if the episode does not need it)"))
+        out.append(_return_problem(kind, "reset", reset, label))
+    if kind == "turns" and step is not None and not step.decorated:
+        if not step.takes(2):
+            out.append((f"{label}: {step.text('step')} cannot be called as step(assistant_text): rltune passes "
+                        "each assistant turn's text, a str", "def step(self, assistant_text) -> dict:"))
+        out.append(_return_problem(kind, "step", step, label))
+    if reward is not None and not reward.decorated:
+        if kind == "tools" and not reward.takes(1):
+            out.append((f"{label}: {reward.text('reward')} cannot be called as reward(): a tools environment's "
+                        "reward gets no arguments (only a turns environment's gets the episode); the first "
+                        "episode's end would fail", TOOLS_REWARD_FIX))
+        if kind == "turns" and not reward.takes(2):
+            out.append((f"{label}: {reward.text('reward')} cannot be called as reward(episode): a turns "
+                        'environment\'s reward gets episode = {"messages", "info", "turns"}',
+                        "def reward(self, episode) -> float:"))
+        out.append(_return_problem(kind, "reward", reward, label))
+    for name, sig in tools.items():
+        if sig.decorated:
+            continue
+        if not sig.params or sig.params[0] != "self":
+            got = f"its first parameter `{sig.params[0]}` would get" if sig.params else "it takes"
+            out.append((f"tool `{name}` of {label} has no `self`: a tool is called on the instance "
+                        f"(env.{name}(...)), so {got} the instance, not the model's argument",
+                        f"def {name}(self, {', '.join(sig.params + sig.kwonly)}):".replace(", )", ")")))
+            continue
+        if sig.doc:
+            from .tools import _split_docstring
+
+            _, described = _split_docstring(sig.doc)
+            names = sig.params[1:] + sig.kwonly
+            for extra in (a for a in described if a not in names):
+                import difflib
+
+                bare = [n for n in names if n not in described]     # parameters no entry describes
+                close = difflib.get_close_matches(extra, bare or names, n=1, cutoff=0.5) or bare[:1]
+                out.append((f"the Args: section of tool `{name}` of {label} describes `{extra}`, which is not one "
+                            f"of its parameters ({', '.join(f'`{n}`' for n in names) or 'none'}): the model "
+                            "would be told of an argument the tool does not take",
+                            (f"rename the entry `{close[0]}:`" if close else "remove the entry")
+                            + f" in {name}'s docstring, or rename the parameter"))
+    return [p for p in out if p is not None]
+
+
+def class_signature_problems(cls: type) -> list[tuple[str, str]]:
+    """_method_problems of a loaded environment class (train, before any model loads)."""
+    kind = kind_of(cls)
+    methods = {}
+    for name in ("reset", "step", "reward"):
+        raw = inspect.getattr_static(cls, name, None)
+        if inspect.isfunction(raw):
+            sig = _runtime_sig(raw)
+            if sig is not None:
+                methods[name] = sig
+    tools = {}
+    for name, fn in tool_methods(cls).items():
+        sig = _runtime_sig(fn)
+        if sig is not None:
+            tools[name] = sig
+    return _method_problems(kind, f"environment class {cls.__qualname__}", methods, tools)
 
 
 # ---------------------------------------------------------------- validate: read, never run
 
 def check_env_file(spec: str, base_dir: Path | None) -> str | None:
-    """A problem with the environment `spec` names, found WITHOUT running user code, or None.
+    """A problem with the environment `spec` names, found WITHOUT running user code, or None
+    (the first of env_file_problems)."""
+    problems = env_file_problems(spec, base_dir)
+    return problems[0][0] if problems else None
+
+
+def env_file_problems(spec: str, base_dir: Path | None) -> list[tuple[str, str | None]]:
+    """Every (problem, fix or None) with the environment `spec` names, found WITHOUT running user code.
 
     builtin: the name exists. file.py:Class: the file (at most 2 MB) parses and defines the
-    class with reset() and step() or documented, typed public methods. None for module:Class
-    (only importing could tell), and when a reading cannot tell (a base class from elsewhere).
+    class with reset() and step() or documented, typed public methods; then what each method
+    takes and returns as rltune calls it (reset(row), step(text), reward() for tools and
+    reward(episode) for turns, tools with self and Args: entries naming parameters, return
+    annotations). file.py:function: an agent, run(client, row). Nothing for module:Class (only
+    importing could tell: `train` checks the same on the loaded class before any model loads),
+    nor what a reading cannot tell (a base class from elsewhere).
     """
     if spec.startswith("builtin:"):
         if spec.split(":", 1)[1] in BUILTIN_ENVS:
-            return None
-        return f"unknown builtin environment `{spec}`; available: " + ", ".join(f"builtin:{n}" for n in BUILTIN_ENVS)
+            return []
+        return [("unknown builtin environment `" + spec + "`; available: "
+                 + ", ".join(f"builtin:{n}" for n in BUILTIN_ENVS), None)]
     target, _, class_name = spec.rpartition(":")
     if not target or not class_name:
-        return f"environment `{spec}` is not {SPEC_FORMS}"
+        return [(f"environment `{spec}` is not {SPEC_FORMS}", None)]
     if not target.endswith(".py"):
-        return None
+        return []
     path = reward_file_path(target, base_dir)
     if not path.exists():
-        return f"environment file `{target}` not found" + ("" if Path(target).is_absolute() else " (looked in the current directory, then the recipe's)")
+        return [(f"environment file `{target}` not found"
+                 + ("" if Path(target).is_absolute() else " (looked in the current directory, then the recipe's)"), None)]
     if not path.is_file():
-        return f"environment file `{target}` is not a regular file"
+        return [(f"environment file `{target}` is not a regular file", None)]
     tree, problem = _parse_file(path, target)
     if tree is None:
-        return problem
+        return [(problem, None)]
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     if class_name in functions and class_name not in classes:   # an agent: run(client, row)
-        return check_agent_def(functions[class_name], target)
+        return agent_def_problems(functions[class_name], target)
     if class_name not in classes:
         if _may_bind(tree, class_name):
-            return None  # bound by an import or an assignment: only importing could tell
+            return []  # bound by an import or an assignment: only importing could tell
         shown = ", ".join(f"`{c}`" for c in list(classes)[:12]) or "no classes"
-        return f"environment file `{target}` does not define class `{class_name}` (it defines {shown})"
-    return _class_problem(classes, class_name, target)
+        return [(f"environment file `{target}` does not define class `{class_name}` (it defines {shown})", None)]
+    return _class_problems(classes, class_name, target)
 
 
 def env_defines_reward(spec: str, base_dir: Path | None) -> bool | None:
@@ -280,32 +523,36 @@ def _class_members(classes: dict, name: str, depth: int = 0) -> dict | None:
     return members
 
 
-def _class_problem(classes: dict, class_name: str, target: str) -> str | None:
-    """What keeps the class from being an environment, judged from its text (None: fine or unknowable)."""
+def _class_problems(classes: dict, class_name: str, target: str) -> list[tuple[str, str | None]]:
+    """What keeps the class from being an environment, judged from its text ([]: fine or unknowable)."""
     members = _class_members(classes, class_name)
     if members is None:
-        return None
+        return []
     where = f"class `{class_name}` in `{target}`"
     if "reset" not in members:
-        return f"{where} has no reset(self, row) method: an environment needs one"
+        return [(f"{where} has no reset(self, row) method: an environment needs one", None)]
+    methods = {n: _ast_sig(members[n]) for n in ("reset", "step", "reward") if members.get(n) is not None}
     if "step" in members:
-        return None
+        return _method_problems("turns", where, methods, {})
     plain = {"staticmethod", "classmethod", "property", "cached_property"}
     tools = {n: f for n, f in members.items() if f is not None and not n.startswith("_") and n not in NOT_TOOLS
              and not any(isinstance(d, (ast.Name, ast.Attribute)) and getattr(d, "id", getattr(d, "attr", "")) in plain
                          for d in f.decorator_list)}
     if not tools:
-        return f"{where} has neither step() nor any public method (a tool): " + SHAPES_FIX
+        return [(f"{where} has neither step() nor any public method (a tool): " + SHAPES_FIX, None)]
+    out: list[tuple[str, str | None]] = []
     for n, f in tools.items():
         if ast.get_docstring(f) is None:
-            return f"tool `{n}` of {where} has no docstring: the model reads it to learn what the tool does"
-        if f.args.vararg or f.args.kwarg:
-            return f"tool `{n}` of {where} takes *args or **kwargs: a tool's parameters must be named"
-        params = (f.args.posonlyargs + f.args.args)[1:] + f.args.kwonlyargs  # without self
-        unhinted = [a.arg for a in params if a.annotation is None]
-        if unhinted:
-            return f"parameter `{unhinted[0]}` of tool `{n}` of {where} has no type hint: the tool's schema needs one"
-    return None
+            out.append((f"tool `{n}` of {where} has no docstring: the model reads it to learn what the tool does", None))
+        elif f.args.vararg or f.args.kwarg:
+            out.append((f"tool `{n}` of {where} takes *args or **kwargs: a tool's parameters must be named", None))
+        else:
+            params = (f.args.posonlyargs + f.args.args)[1:] + f.args.kwonlyargs  # without self
+            unhinted = [a.arg for a in params if a.annotation is None]
+            if unhinted:
+                out.append((f"parameter `{unhinted[0]}` of tool `{n}` of {where} has no type hint: the tool's "
+                            "schema needs one", None))
+    return out + _method_problems("tools", where, methods, {n: _ast_sig(f) for n, f in tools.items()})
 
 
 # ---------------------------------------------------------------- one episode

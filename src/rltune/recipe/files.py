@@ -251,24 +251,31 @@ def check_files(res) -> list[Finding]:
         if p:
             add(f"reward.functions.{i}", p)
     if r.rollout.env:
-        p = env_problem(r, base)
-        if p:
+        for p in env_problems(r, base):
             add("rollout.env", p)
     return out
 
 
-def env_problem(r, base_dir: Optional[Path]) -> Optional[tuple]:
-    """(problem, fix) for `rollout.env`, read and never run (agents/env.py): the class loads and
-    has what it needs, and the run has a reward (the environment's reward() or reward.functions)."""
-    from rltune.agents.env import check_env_file, env_defines_reward
+def env_problems(r, base_dir: Optional[Path]) -> list[tuple]:
+    """Every (problem, fix) for `rollout.env`, read and never run (agents/env.py): the class loads and
+    has what it needs, its methods take and return what rltune passes and reads (docs/agents.md),
+    and the run has a reward (the environment's reward() or reward.functions)."""
+    from rltune.agents.env import env_defines_reward, env_file_problems
 
     spec = r.rollout.env
-    problem = check_env_file(spec, base_dir)
-    if problem:
-        return problem, ("write the class as docs/agents.md shows: reset(row) and tools (documented, typed public "
-                         "methods) or step(text)")
+    shape = ("write the class as docs/agents.md shows: reset(row) and tools (documented, typed public "
+             "methods) or step(text)")
+    problems = [(problem, fix or shape) for problem, fix in env_file_problems(spec, base_dir)]
+    if problems:
+        return problems
     if not r.reward.functions and r.reward.model is None and env_defines_reward(spec, base_dir) is False:
-        return (f"no reward: `{spec}` defines no reward() and reward.functions is empty; every advantage "
-                "would be zero", "define reward(self) (tools) or reward(self, episode) (turns) on the class, or set "
-                "reward.functions (e.g. [builtin:exact_answer] for an `answer` column)")
-    return None
+        return [(f"no reward: `{spec}` defines no reward() and reward.functions is empty; every advantage "
+                 "would be zero", "define reward(self) (tools) or reward(self, episode) (turns) on the class, or set "
+                 "reward.functions (e.g. [builtin:exact_answer] for an `answer` column)")]
+    return []
+
+
+def env_problem(r, base_dir: Optional[Path]) -> Optional[tuple]:
+    """The first of env_problems, or None."""
+    problems = env_problems(r, base_dir)
+    return problems[0] if problems else None
