@@ -270,3 +270,27 @@ def test_builtin_environments_pass():
 
     for cls in BUILTIN_ENVS.values():
         assert class_signature_problems(cls) == [], cls
+
+
+def test_a_turns_class_public_helpers_are_not_judged_as_tools(tmp_path, monkeypatch):
+    """Only a tools class's public methods are tools: a turns class's helper without self or with a
+    free-form docstring is its own business."""
+    body = textwrap.dedent('''
+        class Env:
+            def reset(self, row):
+                return [{"role": "user", "content": "go"}]
+
+            def step(self, assistant_text):
+                return {"done": True}
+
+            def helper(x):
+                """Args:
+                    y: not a parameter
+                """
+                return x
+    ''')
+    (tmp_path / "envs.py").write_text(NOT_RUN + body)
+    (tmp_path / "sig_turns_46.py").write_text(body)
+    assert env_file_problems("envs.py:Env", tmp_path) == []
+    monkeypatch.syspath_prepend(str(tmp_path))
+    load_env_class("sig_turns_46:Env")

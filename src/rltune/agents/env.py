@@ -396,7 +396,7 @@ def class_signature_problems(cls: type) -> list[tuple[str, str]]:
             if sig is not None:
                 methods[name] = sig
     tools = {}
-    for name, fn in tool_methods(cls).items():
+    for name, fn in (tool_methods(cls) if kind == "tools" else {}).items():    # a turns class's methods are no tools
         sig = _runtime_sig(fn)
         if sig is not None:
             tools[name] = sig
