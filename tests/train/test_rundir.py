@@ -486,3 +486,26 @@ def test_a_reward_function_that_changes_directory_moves_nothing(tmp_path, capfd,
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-")), \
         sorted(os.listdir(run / "checkpoints"))
     assert not any(other.iterdir()), sorted(str(p) for p in other.rglob("*"))
+
+
+def test_the_rollout_servers_logs_belong_to_the_run(tmp_path):
+    """Issue 45.5: rollout-server.log (and a rank's rollout-server-rankR.log) are the run's files: a
+    new run moves the old run's aside with the rest (a new server log never follows an old one in
+    the same file), and a link of that name is refused before anything is written."""
+    from rltune.errors import UserError
+    from rltune.train.rundir import move_aside, refuse_links
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("metrics.jsonl", "rollout-server.log", "rollout-server-rank1.log", "notes.txt"):
+        (run / name).write_text("old\n")
+    dest = move_aside(run)
+    assert sorted(p.name for p in dest.iterdir()) == ["metrics.jsonl", "rollout-server-rank1.log",
+                                                      "rollout-server.log"]
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt", "previous"]
+    outside = tmp_path / "elsewhere.log"
+    outside.write_text("theirs\n")
+    (run / "rollout-server-rank2.log").symlink_to(outside)
+    with pytest.raises(UserError, match="rollout-server-rank2.log is a link"):
+        refuse_links(run)
+    assert outside.read_text() == "theirs\n"

@@ -149,6 +149,7 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, ove
     _ready(run, state)
     if started is not None:
         started.append(True)
+    from ..rollout.server import ServerError
     try:
         _start_pipeline(run, state, resume_path)
         # 7. train
@@ -156,6 +157,8 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, ove
             exit_code = run_steps(run)
         except RuntimeError as err:   # a collective that failed because another rank died or stalls
             raise _peer_lost(err, run) from None
+        except ServerError as err:    # the rollout server died or closed its connection mid-run
+            raise ServerError(str(err).replace("the same `rltune train` command with --resume auto", run.hint)) from None
         # 8. finish
         if exit_code == 0:
             exit_code = _end(run)

@@ -30,7 +30,15 @@ PREVIOUS = "previous"
 # what a run writes at the top of its directory (anything else - a reward file, a user's
 # notes - stays where it is when an old run is moved aside)
 ARTIFACTS = ("checkpoints", "final", "final.tmp", "final.old", "metrics.jsonl", "events.jsonl", "eval.json",
-             "recipe.yaml", "train.log", "tb", "wandb", "mlruns", "run.png")
+             "recipe.yaml", "train.log", "tb", "wandb", "mlruns", "run.png", "rollout-server.log")
+# the run's files of a name per rank (rollout.engine vllm-server: rollout-server-rank1.log, ...)
+ARTIFACT_GLOBS = ("rollout-server-rank*.log",)
+
+
+def artifacts(run_dir: Path) -> tuple[str, ...]:
+    """ARTIFACTS and the names in `run_dir` that ARTIFACT_GLOBS match (links too: never followed)."""
+    found = sorted({p.name for g in ARTIFACT_GLOBS for p in run_dir.glob(g)}) if run_dir.is_dir() else []
+    return ARTIFACTS + tuple(found)
 # the files that make a directory hold a run (recipe.yaml and train.log alone: a run that
 # stopped before its first step)
 RUN_MARKERS = ("checkpoints", "final", "metrics.jsonl", "events.jsonl", "eval.json")
@@ -187,7 +195,7 @@ def refuse_links(run_dir: Path) -> None:
     someone else) whose recipe.yaml, train.log, metrics.jsonl, ... or .lock is a link would have the
     run overwrite or append to the file it points at. The directory itself may be a link (the
     user's own layout, e.g. runs -> /scratch/runs); what rltune writes inside it may not."""
-    for name in ARTIFACTS + (LOCK, PREVIOUS):
+    for name in artifacts(run_dir) + (LOCK, PREVIOUS):
         p = run_dir / name
         if p.is_symlink():
             raise TrainError(f"{p} is a link (to {os.readlink(p)}); rltune writes this file and never writes "
@@ -203,9 +211,10 @@ def holds_run(run_dir: Path) -> bool:
     return False
 
 
-def move_aside(run_dir: Path, names: tuple[str, ...] = ARTIFACTS) -> Path | None:
-    """Move an older run's files into RUN_DIR/previous/TIMESTAMP/ so that a new run owns the
-    directory; returns where they went (None when there was nothing to move)."""
+def move_aside(run_dir: Path, names: tuple[str, ...] | None = None) -> Path | None:
+    """Move an older run's files (default: `artifacts`) into RUN_DIR/previous/TIMESTAMP/ so that a
+    new run owns the directory; returns where they went (None when there was nothing to move)."""
+    names = artifacts(run_dir) if names is None else names
     items = [run_dir / n for n in names if (run_dir / n).exists() or (run_dir / n).is_symlink()]
     if not items:
         return None
