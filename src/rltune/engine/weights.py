@@ -33,10 +33,27 @@ def iter_full_params(engine, bucket_size: int = 64) -> Iterator[tuple[str, torch
                 yield name, p.detach().clone()
 
 
+def persistent_buffers(module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, buffer) for each buffer `module.state_dict()` holds: a non-persistent one (a module's
+    `_non_persistent_buffers_set`, e.g. the rotary embedding's inv_freq, rebuilt from the config
+    at load) is not part of the model's weights, and vLLM refuses a checkpoint that names it."""
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        skip = getattr(mod, "_non_persistent_buffers_set", set())
+        for name, buf in mod._buffers.items():
+            if buf is not None and name not in skip:
+                yield (f"{mod_name}.{name}" if mod_name else name), buf
+
+
 def full_state_dict(engine) -> dict[str, torch.Tensor]:
-    """The whole state dict on CPU (gathered under ZeRO-3), for HF export."""
+    """The whole state dict on CPU (gathered under ZeRO-3), for HF export: exactly the keys
+    `module.state_dict()` has (parameters, a tied one under each of its names, and persistent
+    buffers), so save_pretrained writes what it writes for the model itself."""
     module = _module(engine)
-    out = {name: t.cpu().clone() for name, t in iter_full_params(engine)}
-    for name, buf in module.named_buffers():
+    full = {name: t.cpu().clone() for name, t in iter_full_params(engine)}
+    first: dict[int, str] = {}
+    out = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        out[name] = full[first.setdefault(id(p), name)]   # a tied parameter: the same tensor
+    for name, buf in persistent_buffers(module):
         out.setdefault(name, buf.detach().cpu().clone())
     return out
