@@ -41,6 +41,16 @@ def test_spike_far_above_range_is_hard_a_plain_spike_is_not():
     assert r["trigger"] == "grad_spike" and r["value"] == 25.0
 
 
+def test_a_kl_spike_after_negative_k1_values_is_measured_against_their_size():
+    """Issue 46.5: k1 KL estimates can be negative; the recent max of a run whose KL wandered below
+    zero was ~0 (the 1e-8 floor), so any KL spike event became a hard spike and a rollback."""
+    t = AutoTuner(recipe())
+    warm(t, kl=-0.05)
+    assert t.hard_spike({"step": 7, "kl": 0.6, "actor/grad_norm": 1.0}, [ev(7, "kl_spike")]) is None   # 12x |KL|
+    r = t.hard_spike({"step": 7, "kl": 1.5, "actor/grad_norm": 1.0}, [ev(7, "kl_spike")])
+    assert r["ratio"] == 30.0 and r["recent_max"] == 0.05
+
+
 def test_entropy_collapse_is_hard():
     t = AutoTuner(recipe())
     warm(t)

@@ -292,7 +292,9 @@ class AutoTuner:
             v, hist = metrics.get(key), self.hist[key]
             if not isinstance(v, (int, float)) or v != v or not hist:
                 continue
-            ref = max(max(hist), 1e-8)
+            # |value|: a k1 KL estimate can be negative, and a max reached through negative values
+            # (or ~0) would make any later KL look like a hard spike (issue 46.5)
+            ref = max(max(abs(h) for h in hist), 1e-8)
             if v > factor * ref:
                 reason = {"trigger": kind, "value": round(float(v), 6), "recent_max": round(ref, 6),
                           "ratio": round(float(v) / ref, 2), "rollback_factor": factor,
