@@ -53,7 +53,7 @@ def test_an_isolated_environment_with_reward_trains_without_reward_functions(cap
     _validate_then_train(capfd, _recipe(tmp_path, "tiny-guess.yaml", env_isolate=True), tmp_path / "run")
 
 
-def test_an_environment_without_reward_and_no_functions_is_refused_by_validate(capfd, tmp_path):
+def test_an_environment_without_reward_and_no_functions_is_refused_by_validate(capfd, monkeypatch, tmp_path):
     (tmp_path / "quiet.py").write_text(textwrap.dedent('''
         class Quiet:
             def reset(self, row):
@@ -67,4 +67,11 @@ def test_an_environment_without_reward_and_no_functions_is_refused_by_validate(c
     assert res.returncode != 0 and "no reward" in res.stderr, res.stderr[-3000:]
     res = run_inproc(capfd, "train", str(path), "--resume", "never")
     assert res.returncode != 0 and "no reward" in res.stderr, res.stderr[-3000:]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    # module:Class: `validate` cannot tell without importing it; `train` refuses at set-up
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = _recipe(tmp_path, "tiny-guess.yaml", env="quiet:Quiet")
+    res = run_inproc(capfd, "train", str(path), "--resume", "never")
+    assert res.returncode != 0 and "no reward" in res.stderr and "give rollout.env a reward" in res.stderr, \
+        res.stderr[-3000:]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

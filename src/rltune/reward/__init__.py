@@ -89,7 +89,9 @@ class RewardComputer:
         self.log = log
         self.env_reward = env_reward
         if not self.functions and reward_model is None and not env_reward:
-            raise RewardError("no reward: set reward.functions (e.g. [builtin:exact_answer]) or reward.model")
+            raise RewardError("no reward: set reward.functions (e.g. [builtin:exact_answer]) or reward.model, or "
+                              "give rollout.env a reward (an environment class's reward(), or an agent function: "
+                              "run(client, row) returns it)")
 
     def _call_one(self, spec, fn, prompts, completions, columns) -> list[float]:
         try:
