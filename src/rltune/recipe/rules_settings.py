@@ -177,6 +177,24 @@ def server_remote_access(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
                       "true to mean it")
 
 
+@rule("open-store", "info",
+      "trainer.nnodes > 1, or rollout.server.weight_transfer: gloo",
+      "torch's TCPStore (the rendezvous store of a multi-node launch; the trainer's store for the gloo weight "
+      "transfer) has no bind address and no authentication: it listens on every interface of its machine, and "
+      "whoever reaches it can read and write its keys (docs/reliability.md, Sockets: a documented limit)")
+def open_store(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    fix = ("run the job on a private network, or firewall the port to the job's own hosts; set GLOO_SOCKET_IFNAME / "
+           "NCCL_SOCKET_IFNAME to the private interface")
+    if r.trainer.nnodes > 1:
+        yield Hit("trainer.nnodes", f"trainer.nnodes {r.trainer.nnodes}: the launcher's rendezvous store on the "
+                  f"first node listens on every interface; {RULES['open-store'].why.split(': ', 1)[1]}", fix)
+    if r.rollout.engine == "vllm-server" and r.rollout.server.weight_transfer == "gloo":
+        yield Hit("rollout.server.weight_transfer", "rollout.server.weight_transfer gloo: the trainer's store for "
+                  "the weight broadcast listens on every interface for the whole run; one who joins before the "
+                  "server's workers could take a worker's rank and receive the weights",
+                  fix + "; or weight_transfer: file where the server runs on this machine")
+
+
 @rule("restarts-without-checkpoints", "warning", "trainer.max_restarts with trainer.save_every 0",
       "a restart goes on from the last valid checkpoint; with none saved during the run, every restart starts "
       "the run over from step 0")
