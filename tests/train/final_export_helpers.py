@@ -15,6 +15,9 @@ CASES = {
     "tiny-llama": ("tiny-grpo.yaml", {"model__policy": "builtin:tiny-llama"}, ""),
     "tiny-qwen2": ("tiny-grpo.yaml", {"model__policy": "builtin:tiny-qwen2"}, ""),
     "lora-merged": ("tiny-grpo-lora.yaml", {"trainer__save_merged": True}, "merged"),
+    # tied embeddings (the LM head is not adapted: a tied adapted module cannot be merged)
+    "lora-merged-qwen2": ("tiny-grpo-lora.yaml", {"trainer__save_merged": True, "model__policy": "builtin:tiny-qwen2",
+                                                  "model__lora__target_modules": ["q_proj", "v_proj"]}, "merged"),
     # ZeRO-3: the parameters are gathered for the export (a tied one included)
     "tiny-qwen2-zero3": ("tiny-grpo.yaml", {"model__policy": "builtin:tiny-qwen2", "actor__zero_stage": 3}, ""),
 }

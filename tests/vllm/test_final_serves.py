@@ -53,6 +53,7 @@ def test_final_loads_in_vllm_and_gives_transformers_greedy_tokens(case, tmp_path
 
 
 @pytest.mark.slow
-def test_merged_lora_final_loads_in_vllm_and_gives_transformers_greedy_tokens(tmp_path):
-    """final/merged/ (a Llama again: a third engine start, so slow)."""
-    _serves("lora-merged", tmp_path)
+@pytest.mark.parametrize("case", ["lora-merged", "lora-merged-qwen2"])
+def test_merged_lora_final_loads_in_vllm_and_gives_transformers_greedy_tokens(case, tmp_path):
+    """final/merged/ (the architectures again: more engine starts, so slow)."""
+    _serves(case, tmp_path)
