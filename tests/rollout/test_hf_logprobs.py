@@ -117,12 +117,8 @@ def test_same_values_as_stacking_output_logits(setup):
     from rltune.rollout.hf import SampledLogprobs, generation_config
 
     engine, prompts = setup
-    P = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), P), engine.pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, P - len(p):] = torch.tensor(p)
-        mask[i, P - len(p):] = 1
+    ids, mask = _left_padded(engine, prompts)
+    P = ids.shape[1]
     s = Sampling(n=1, temperature=0.8, top_k=6, top_p=0.9, max_new_tokens=8)
     cfg = generation_config(s, sorted(engine.eos_ids), engine.pad_id)
     cfg.return_dict_in_generate, cfg.output_logits = True, True
