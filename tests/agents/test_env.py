@@ -10,8 +10,8 @@ import time
 import pytest
 
 from rltune.agents.builtin import Calculator, Guess
-from rltune.agents.env import (EnvError, Session, check_env_file, env_defines_reward, gives_reward, kind_of,
-                               load_env_class)
+from rltune.agents.env import (EnvError, Session, check_env_file, env_defines_reward, env_file_problems,
+                               gives_reward, kind_of, load_env_class)
 from rltune.errors import UserError
 
 PROMPT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
@@ -199,7 +199,7 @@ NOT_RUN = "raise SystemExit('this file must not be executed')\n"
      "class Env(Base):\n    def go(self, x: int) -> int:\n        '''Go.'''\n", None),
     (NOT_RUN + "from elsewhere import Base\nclass Env(Base):\n    pass\n", None),     # cannot tell
     (NOT_RUN + "from elsewhere import Env\n", None),                                # cannot tell
-    (NOT_RUN + "class Other:\n    pass\n", r"does not define class `Env` \(it defines `Other`\)"),
+    (NOT_RUN + "class Other:\n    pass\n", r"defines no `Env` \(it defines the class `Other`\)"),
     (NOT_RUN + "class Env:\n    def step(self, t): pass\n", "has no reset"),
     (NOT_RUN + "class Env:\n    def reset(self, row): pass\n    def _x(self): pass\n", r"neither step\(\) nor any public"),
     (NOT_RUN + "class Env:\n    def reset(self, row): pass\n    def go(self, x: int): pass\n", "`go`.*no docstring"),
@@ -364,3 +364,35 @@ def test_a_class_that_cannot_be_created():
 
     with pytest.raises(EnvError, match=r"creating .*NeedsArgs\(\) failed: TypeError"):
         Session(NeedsArgs)
+
+
+# ---------------------------------------------------------------- issue 46 item 9: a misspelt name, an agent's fixes
+
+AGENT_FILE = NOT_RUN + "class Helper:\n    pass\n\ndef run_agent(client, row):\n    return 1.0\n"
+
+
+def test_misspelt_function_is_not_called_a_missing_class(tmp_path):
+    """`agent.py:run_agnet` names a misspelt function: the file defines no such name, the close
+    match is offered, and nothing assumes a class (validate and train alike)."""
+    _write(tmp_path, "agent.py", AGENT_FILE)
+    [(problem, fix)] = env_file_problems("agent.py:run_agnet", tmp_path)
+    assert "defines no `run_agnet`" in problem and "class `run_agnet`" not in problem, problem
+    assert "the class `Helper` and the function `run_agent`" in problem, problem
+    assert fix.startswith("did you mean `agent.py:run_agent`?"), fix
+    _write(tmp_path, "agent.py", AGENT_FILE.replace(NOT_RUN, ""))
+    with pytest.raises(EnvError) as e:
+        load_env_class("agent.py:run_agnet", base_dir=tmp_path)
+    assert "has no 'run_agnet'" in str(e.value) and "did you mean `agent.py:run_agent`?" in str(e.value)
+    assert "define class" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("body", [None, NOT_RUN + "def run(client, row:\n", "\udcff"])
+def test_file_problems_of_an_agent_spec_give_no_class_template(tmp_path, body):
+    """A problem with the file itself (missing, unparseable) has its own fix, not the
+    environment class template (an agent spec `agent.py:run` got that template)."""
+    if body == "\udcff":
+        (tmp_path / "agent.py").write_bytes(b"\xff\xfe def run")
+    elif body is not None:
+        _write(tmp_path, "agent.py", body)
+    [(problem, fix)] = env_file_problems("agent.py:run", tmp_path)
+    assert fix and "reset" not in fix and "class" not in fix, (problem, fix)

@@ -23,7 +23,7 @@ rollout:
     ("builtin:calculator", "", 2, "defines no reward() and reward.functions is empty"),
     ("builtin:calculator", "reward:\n  functions: [builtin:exact_answer]\n", 0, None),
     ("builtin:gues", "", 2, "unknown builtin environment `builtin:gues`"),
-    ("envs.py:Missing", "", 2, "does not define class `Missing`"),
+    ("envs.py:Missing", "", 2, "defines no `Missing`"),
     ("nope.py:Env", "", 2, "environment file `nope.py` not found"),
     ("envs.py:NoReset", "", 2, "has no reset(self, row) method"),
     ("envs.py:Undocumented", "", 2, "has no docstring"),
@@ -71,3 +71,15 @@ def test_environment_checked_without_running_it(cli, write, tmp_path, env, funct
         assert "rollout.env" in line and "recipe.yaml:6:" in line, line      # file, line and key
         assert "fix:" in out
     assert "validate must not run this file" not in out
+
+
+def test_agent_spec_errors_give_the_agent_fix(cli, write, tmp_path):
+    """Issue 46 item 9: an agent spec whose file is missing, or whose function is misspelt, is
+    not told to "write the class as docs/agents.md shows"."""
+    (tmp_path / "agent.py").write_text("def run_agent(client, row):\n    return 1.0\n")
+    for env, needle in (("agent.py:run_agnet", "did you mean `agent.py:run_agent`?"), ("gone.py:run", "check the path")):
+        got, out = cli("validate", write(BASE.format(env=env)))
+        assert got == 2, out
+        fix = next(ln for ln in out.splitlines()[1:] if ln.strip().startswith("fix:")
+                   and "rollout.env" in out.splitlines()[out.splitlines().index(ln) - 1])
+        assert needle in fix and "write the class" not in fix, out

@@ -322,3 +322,17 @@ def test_reward_model_and_environment_scores_beyond_float32_are_named(source, na
             with caplog.at_level(logging.WARNING, logger="rltune"):
                 assert call() == [1.0, 0.0, 1.0]
             assert name in caplog.text and "scored 0" in caplog.text, caplog.text
+
+
+def test_misspelt_reward_function_lists_close_matches(tmp_path):
+    """Issue 46 item 9: `rewards.py:exact_matc` names a misspelt function: the error lists the
+    file's functions and the close match."""
+    from rltune.reward.functions import load_reward_function
+
+    (tmp_path / "rewards.py").write_text("def exact_match(prompts, completions, **kw):\n    return [1.0]\n"
+                                         "def other(prompts, completions, **kw):\n    return [0.0]\n")
+    with pytest.raises(RewardError) as e:
+        load_reward_function("rewards.py:exact_matc", tmp_path)
+    text = str(e.value)
+    assert "it defines the functions `exact_match`, `other`" in text, text
+    assert "did you mean `rewards.py:exact_match`?" in text, text

@@ -64,8 +64,11 @@ def load_env_class(spec: str, base_dir: Path | None = None) -> type:
     module = _import(spec, target, base_dir)
     cls = getattr(module, class_name, None)
     if cls is None:
-        raise EnvError(f"{target} has no {class_name!r} (from rollout.env: {spec})",
-                       f"define class {class_name} in {target}, or name the class it defines")
+        own = [(n, v) for n, v in vars(module).items() if not n.startswith("_")
+               and getattr(v, "__module__", None) == module.__name__]
+        problem, fix = no_such_name(target, class_name, [n for n, v in own if isinstance(v, type)],
+                                    [n for n, v in own if is_agent(v)])
+        raise EnvError(f"{target} has no {class_name!r} (from rollout.env: {spec}; {problem})", fix)
     if is_agent(cls):          # an agent: run(client, row) -> reward (agents/agent.py)
         check_agent(cls)
         return cls
@@ -144,6 +147,24 @@ def kind_of(cls: type) -> str:
 def gives_reward(cls: type) -> bool:
     """Whether the environment class defines its own reward() (an agent's run() returns one)."""
     return is_agent(cls) or callable(getattr(cls, "reward", None))
+
+
+def no_such_name(target: str, name: str, classes: list[str], functions: list[str]) -> tuple[str, str]:
+    """("it defines ...", fix) for a spec naming what its file or module does not define: what it defines
+    (classes and functions: the name may be either), and the closest of those names."""
+    import difflib
+
+    def listed(kind: str, names: list[str]) -> str:
+        return f"the {kind} " + ", ".join(f"`{n}`" for n in names[:12]) + (
+            f" and {len(names) - 12} more" if len(names) > 12 else "")
+
+    parts = [listed(k if len(ns) > 1 else k[:-2 if k == "classes" else -1], ns)
+             for k, ns in (("classes", classes), ("functions", functions)) if ns]
+    defines = " and ".join(parts) if parts else "no classes and no functions"
+    close = difflib.get_close_matches(name, classes + functions, n=3, cutoff=0.6)
+    fix = (f"did you mean {' or '.join(f'`{target}:{c}`' for c in close)}? " if close else "") + (
+        f"name an environment class or an agent function run(client, row) that {target} defines (docs/agents.md)")
+    return f"it defines {defines}", fix
 
 
 # ---------------------------------------------------------------- agent functions (agents/agent.py runs them)
@@ -427,21 +448,24 @@ def env_file_problems(spec: str, base_dir: Path | None) -> list[tuple[str, str |
         if spec.split(":", 1)[1] in BUILTIN_ENVS:
             return []
         return [("unknown builtin environment `" + spec + "`; available: "
-                 + ", ".join(f"builtin:{n}" for n in BUILTIN_ENVS), None)]
+                 + ", ".join(f"builtin:{n}" for n in BUILTIN_ENVS),
+                 "name one of those, or a class or agent function of your own (docs/agents.md)")]
     target, _, class_name = spec.rpartition(":")
     if not target or not class_name:
-        return [(f"environment `{spec}` is not {SPEC_FORMS}", None)]
+        return [(f"environment `{spec}` is not {SPEC_FORMS}",
+                 "name the class or agent function after a colon, e.g. `envs.py:MyEnv` or `agent.py:run`")]
     if not target.endswith(".py"):
         return []
     path = reward_file_path(target, base_dir)
+    where = "check the path: a relative path is read from the current directory, then the recipe's"
     if not path.exists():
         return [(f"environment file `{target}` not found"
-                 + ("" if Path(target).is_absolute() else " (looked in the current directory, then the recipe's)"), None)]
+                 + ("" if Path(target).is_absolute() else " (looked in the current directory, then the recipe's)"), where)]
     if not path.is_file():
-        return [(f"environment file `{target}` is not a regular file", None)]
+        return [(f"environment file `{target}` is not a regular file", where)]
     tree, problem = _parse_file(path, target)
-    if tree is None:
-        return [(problem, None)]
+    if tree is None:     # the file, not what it defines: no class or agent template fits
+        return [(problem, f"fix {target} so that Python can read it (a UTF-8 .py file, at most 2 MB)")]
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     if class_name in functions and class_name not in classes:   # an agent: run(client, row)
@@ -449,8 +473,8 @@ def env_file_problems(spec: str, base_dir: Path | None) -> list[tuple[str, str |
     if class_name not in classes:
         if _may_bind(tree, class_name):
             return []  # bound by an import or an assignment: only importing could tell
-        shown = ", ".join(f"`{c}`" for c in list(classes)[:12]) or "no classes"
-        return [(f"environment file `{target}` does not define class `{class_name}` (it defines {shown})", None)]
+        problem, fix = no_such_name(target, class_name, list(classes), list(functions))
+        return [(f"environment file `{target}` defines no `{class_name}` ({problem})", fix)]
     return _class_problems(classes, class_name, target)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from typing import Callable
@@ -66,5 +67,13 @@ def load_reward_function(spec: str, base_dir: Path | None = None) -> Callable:
             raise RewardError(f"cannot import reward module {target!r}: {type(err).__name__}: {err}") from err
     fn = getattr(module, func_name, None)
     if not callable(fn):
-        raise RewardError(f"{target} has no function {func_name!r} (from reward.functions: {spec})")
+        import difflib
+
+        funcs = [n for n, v in vars(module).items() if not n.startswith("_") and inspect.isfunction(v)
+                 and v.__module__ == module.__name__]
+        close = difflib.get_close_matches(func_name, funcs, n=3, cutoff=0.6)
+        defines = ", ".join(f"`{n}`" for n in funcs[:12]) + (f" and {len(funcs) - 12} more" if len(funcs) > 12 else "")
+        raise RewardError(f"{target} has no function {func_name!r} (from reward.functions: {spec}; it defines "
+                          + (f"the functions {defines})" if funcs else "no functions)")
+                          + (f"\n  fix: did you mean {' or '.join(f'`{target}:{c}`' for c in close)}?" if close else ""))
     return fn
