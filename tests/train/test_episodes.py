@@ -432,3 +432,26 @@ def test_a_20_mb_first_message_is_not_tokenised_whole_its_end_is_the_prompt(tmp_
     assert int(ep.exp.prompt_mask[0].sum()) == c.recipe.data.max_prompt_length
     assert prompt.endswith("Which line?<|im_end|>\n<|im_start|>assistant\n")
     assert "1 of 1 episode prompts" in caplog.text and "too long to count" in caplog.text
+
+
+def test_turns_mean_counts_the_turns_that_ended_with_eos():
+    """Issue 46 item 9: `episode/turns_mean` is what docs/agents.md says: the assistant turns per
+    episode that ended with EOS (and reached the environment), the last one included; a turn cut
+    off mid-way is not counted."""
+    from rltune.train.episodes import finish_metrics, play
+
+    call = '<tool_call>{"name": "calc", "arguments": {"expression": "1+1"}}</tool_call>'
+
+    def turns_mean(turns, **rollout):
+        c = _components(_recipe("builtin:calculator", **rollout), turns)
+        ep = play(c, [ROW], "prompt", 2)
+        return finish_metrics(ep.metrics, lambda xs: xs)["episode/turns_mean"]
+
+    assert turns_mean([call, "2"]) == 2.0                    # the call, and the answer that ended it
+    assert turns_mean([call, call], max_turns=2) == 2.0      # max_turns stopped it after its 2nd turn
+    assert turns_mean([call, "2 and more…"]) == 1.0          # the 2nd turn was cut off: not counted
+    assert turns_mean(["2 and more…"]) == 0.0
+    # ... and docs/agents.md says so (it said "assistant turns the environment answered")
+    docs = " ".join((Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text().split())
+    said = docs[docs.index("`episode/turns_mean` ("):docs.index("`episode/tool_calls_mean`")]
+    assert "ended with EOS" in said and "the last one counts too" in said and "cut off mid-way" in said, said
