@@ -150,3 +150,15 @@ def test_diagnose_does_not_import_torch(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1, p.stderr
     assert json.loads(p.stdout)["verdict"]["kind"] == "grad_spike"
+
+
+def test_an_info_event_is_not_summed_up_as_no_detector_fired(tmp_path, capsys):
+    """Issue 46 item 9: under a table that lists an event (here autotune's, from events.jsonl),
+    the summary says what fired, not "no detector fired"."""
+    d = write_run(tmp_path / "run", healthy(60, 0, 0.05), RECIPE)
+    (d / "events.jsonl").write_text(json.dumps({"step": 3, "kind": "autotune", "severity": "info",
+                                                "message": "tuned actor.lr"}) + "\n")
+    assert run(d) == 0
+    out = capsys.readouterr().out
+    assert "tuned actor.lr" in out and "no detector fired" not in out, out
+    assert "No problem found over 60 steps: 1 info event (autotune), none a warning or an error." in out, out

@@ -279,6 +279,22 @@ def received_code(doc: dict) -> list[tuple[str, str]]:
     return out
 
 
+def healthy_line(d: dict) -> str:
+    """The text output's last line when no warning or error fired: "no detector fired" only when
+    nothing did; else what the table above lists (info events, autotune's changes)."""
+    if not d["events"]:
+        return f"[green bold]Healthy[/]: no detector fired over {d['steps']} steps."
+    counts: dict[str, int] = {}
+    for e in d["events"]:
+        counts[e["kind"]] = counts.get(e["kind"], 0) + 1
+    n = len(d["events"])
+    sev = sorted({e["severity"] for e in d["events"]})
+    what = (f"{n} {sev[0]} event" if len(sev) == 1 else f"{n} event") + ("s" if n > 1 else "")
+    kinds = ", ".join(k + (f" ×{c:,}" if c > 1 else "") for k, c in counts.items())
+    return (f"[green bold]No problem found[/] over {d['steps']} steps: {what} ({kinds}), "
+            "none a warning or an error.")
+
+
 def _print_text(d: dict) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -305,7 +321,7 @@ def _print_text(d: dict) -> None:
                       f"{r['last_step']:,} (first, last shown)")
     v = d["verdict"]
     if v is None:
-        con.print(f"[green bold]Healthy[/]: no detector fired over {d['steps']} steps.")
+        con.print(healthy_line(d))
         return
     con.print(f"\n[bold]Most likely cause[/] (step {v['step']}, {v['kind']}): {escape(v['cause'])}")
     con.print(f"  {escape(next(e['message'] for e in d['events'] if e['kind'] == v['kind'] and e['step'] == v['step']))}")
