@@ -509,3 +509,29 @@ def test_the_rollout_servers_logs_belong_to_the_run(tmp_path):
     with pytest.raises(UserError, match="rollout-server-rank2.log is a link"):
         refuse_links(run)
     assert outside.read_text() == "theirs\n"
+
+
+def test_events_jsonl_exists_from_the_start(tmp_path):
+    """Issue 46 item 9: the start-up lines name RUN_DIR/events.jsonl, so the run creates it (empty)
+    with metrics.jsonl, not when the first event fires; a resumed run's events are kept."""
+    from types import SimpleNamespace
+
+    from rltune.recipe.schema import Recipe
+    from rltune.train.run import _monitoring
+
+    recipe = Recipe.model_validate({"model": {"policy": "builtin:tiny-llama"}, "data": {"train": "builtin:arithmetic"},
+                                    "reward": {"functions": ["builtin:exact_answer"]}})
+    run = tmp_path / "run"
+    _, _, sinks = _monitoring(recipe, run, SimpleNamespace(is_main=True, rank=0), None)
+    for s in sinks:
+        s.close()
+    assert (run / "events.jsonl").is_file() and (run / "events.jsonl").read_text() == ""
+    assert (run / "metrics.jsonl").is_file()
+    (run / "events.jsonl").write_text('{"step": 1, "kind": "kl_level", "severity": "info", "message": "m"}\n')
+    _, _, sinks = _monitoring(recipe, run, SimpleNamespace(is_main=True, rank=0), 1)
+    for s in sinks:
+        s.close()
+    assert "kl_level" in (run / "events.jsonl").read_text()
+    other = tmp_path / "rank1"
+    _monitoring(recipe, other, SimpleNamespace(is_main=False, rank=1), None)
+    assert not (other / "events.jsonl").exists()             # rank 0 writes the run's files

@@ -561,6 +561,13 @@ def _monitoring(recipe, run_dir, dist, resume_step):
         sinks = make_sinks(recipe, run_dir, dist.rank, resume_step=resume_step)
     except TrackerUnavailable as err:
         raise TrainError(f"{err}\n  fix: pip install 'rltune[tracking]', or turn the tracker off in logging:") from err
+    if dist.is_main:   # the start-up lines name RUN_DIR/events.jsonl: it exists (empty) until an event fires
+        try:
+            open(Path(run_dir) / "events.jsonl", "a", encoding="utf-8").close()
+        except BaseException:
+            for s in sinks:
+                s.close()
+            raise
     return monitor, tuner, sinks
 
 
