@@ -7,6 +7,12 @@ model: its answers are data. A token id outside the vocabulary fails deep in the
 weights; 5,000 tokens for max_tokens 6 are trained on; a weight version beyond int64 overflows
 the version tensor. Each is refused here with one line naming the server and the fix. Pure
 functions on the decoded JSON (no server needed to test them); standard library only.
+
+At attach, what the server serves (`served_model`: GET /v1/models and dev mode's
+GET /server_info) is compared with what the trainer trains (`same_model`, `check_served`): another
+model, another dtype (a bf16 server beside an fp32 trainer samples from another distribution than
+the one the trainer's ratios use) or a context shorter than prompt + response is refused, with the
+`vllm serve` flag that fixes it.
 """
 
 from __future__ import annotations
@@ -87,4 +93,88 @@ def check_choice(choice: dict, max_tokens: int, vocab_size: int | None, url: str
         parse_version(s.get("version"), url)
 
 
-__all__ = ["MAX_VERSION", "check_answer", "check_choice", "parse_version"]
+# what makes two models the same for the trainer: the weights come from the trainer at every sync,
+# so the architecture, the shapes and the vocabulary are what must agree
+IDENTITY_KEYS = ("model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "intermediate_size", "tie_word_embeddings")
+
+
+def _short(x, n: int = 200) -> str | None:
+    return x[:n] if isinstance(x, str) and x else None
+
+
+def served_model(models_answer, info_answer=None) -> dict:
+    """What an attached server says it serves, from GET /v1/models (`data[0]`: `id`, `root` the
+    path or hub id it loaded, `max_model_len`) and dev mode's GET /server_info?config_format=json
+    (`vllm_config.model_config`: `model`, `dtype` as "torch.bfloat16", `max_model_len`):
+    {"model": str | None, "name": str | None, "dtype": "bfloat16" | None, "max_model_len": int | None}.
+    What an answer does not say (or says in another shape) is None: not compared."""
+    card = {}
+    data = models_answer.get("data") if isinstance(models_answer, dict) else None
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        card = data[0]
+    mc = {}
+    vc = info_answer.get("vllm_config") if isinstance(info_answer, dict) else None
+    if isinstance(vc, dict) and isinstance(vc.get("model_config"), dict):
+        mc = vc["model_config"]
+    dtype = _short(mc.get("dtype"), 40)
+    n = card.get("max_model_len", mc.get("max_model_len"))
+    return {"model": _short(card.get("root")) or _short(mc.get("model")), "name": _short(card.get("id")),
+            "dtype": dtype.removeprefix("torch.") if dtype else None,
+            "max_model_len": n if _is_int(n) and n > 0 else None}
+
+
+def model_identity(config: dict) -> dict:
+    """The IDENTITY_KEYS of a config.json (its text model's, for a config that nests one)."""
+    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    out = {k: cfg.get(k, config.get(k)) for k in IDENTITY_KEYS}
+    if isinstance(out["architectures"], (list, tuple)):
+        out["architectures"] = sorted(str(a) for a in out["architectures"])
+    return out
+
+
+def same_model(served: str | None, policy: str, served_config: dict | None, policy_config: dict | None) -> bool | None:
+    """Whether the server's model is the policy's: True for the same path or hub id (the caller
+    resolves links) or a config.json that agrees on IDENTITY_KEYS (a copy, a snapshot of the same
+    model); False for one that does not, or for two different hub ids; None when it cannot be told
+    here (the server's path is on another machine, or a hub id against a local directory): not
+    refused, and the first weight sync refuses weights whose names or shapes do not fit."""
+    if not served:
+        return None
+    if served == policy:
+        return True
+    if served_config is not None and policy_config is not None:
+        return model_identity(served_config) == model_identity(policy_config)
+
+    def hub_id(s: str) -> bool:
+        return not s.startswith(("/", ".", "~")) and s.count("/") == 1
+
+    if hub_id(served) and hub_id(policy):
+        return False
+    return None
+
+
+def check_served(url: str, served: dict, policy: str, same: bool | None, dtype: str, precision: str,
+                 need_len: int, model_len: int) -> None:
+    """Refuse an attached server whose model is not the policy (`same` False), whose dtype is not
+    trainer.precision's (`dtype`: "float32", ...), or whose max_model_len is below `need_len`
+    (prompt + response): one line naming the server, what it serves and what the trainer trains,
+    then the flags to restart it with (`model_len`: the --max-model-len rltune would give it)."""
+    fixes = []
+    if same is False:
+        fixes.append(f"--model {policy}")
+    if served.get("dtype") and served["dtype"] != dtype:
+        fixes.append(f"--dtype {dtype}")
+    if served.get("max_model_len") is not None and served["max_model_len"] < need_len:
+        fixes.append(f"--max-model-len {max(model_len, need_len)}")
+    if not fixes:
+        return
+    raise ServerError(f"rollout.server.url {url} serves {served.get('model') or '(a model it does not name)'} in "
+                      f"{served.get('dtype') or '(a dtype it does not say)'} with max_model_len "
+                      f"{served.get('max_model_len') or '(not said)'}; the trainer trains {policy} in {dtype} "
+                      f"(trainer.precision: {precision}) with prompt + response up to {need_len} tokens\n  fix: "
+                      f"restart the server with {' '.join(fixes)} (docs/rollout-server.md, attaching)")
+
+
+__all__ = ["IDENTITY_KEYS", "MAX_VERSION", "check_answer", "check_choice", "check_served", "model_identity",
+           "parse_version", "same_model", "served_model"]

@@ -38,7 +38,7 @@ from pathlib import Path
 from .base import Sampling
 from .server import NotOurServer, ServerError, ServerProcess, call, free_port, healthy, prove_identity, route_address
 from .server_auth import SECRET_ENV, new_secret, secret_problem
-from .server_checks import check_answer, parse_version
+from .server_checks import check_answer, check_served, parse_version, same_model, served_model
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SYNC_BUCKET_BYTES = 512 << 20   # weights per /update_weights call (one safetensors file)
@@ -195,6 +195,9 @@ class VLLMServerRollout:
             max_len, getattr(hf_cfg, "max_position_embeddings", None)))
         self.timeout_s = float(srv.request_timeout_s)
         self.vocab_size = int(getattr(text_cfg, "vocab_size", 0) or 0) or None
+        # what an attached server must serve (_check_served): the policy, in trainer.precision, long enough
+        self.model_dir, self.precision, self.max_len = str(model_dir), precision, int(max_len)
+        self.policy_config = hf_cfg.to_dict()
         self.secret: str | None = None
         self.pool = ThreadPoolExecutor(max_workers=int(srv.max_in_flight), thread_name_prefix="rltune-rollout")
         self.version = 0                  # weight syncs done: the version the server's weights carry
@@ -360,6 +363,41 @@ class VLLMServerRollout:
             raise ServerError(f"rollout.server.url {self.base_url} has no RL API (GET /weight_info failed)\n  fix: "
                               f"start it with rltune's launcher, docs/rollout-server.md ({str(err).splitlines()[0]})") from None
         self.version = parse_version(info.get("weight_version"), self.base_url)
+        self._check_served()
+
+    def _check_served(self) -> None:
+        """An attached server serves the policy, in trainer.precision's dtype, with a context that
+        holds prompt + response (server_checks.check_served): GET /v1/models (the model's path or
+        hub id, max_model_len) and dev mode's GET /server_info (its dtype). The model is compared
+        by path, else by config.json where the server's path is readable here, else not (another
+        machine): the first weight sync fails on weights that do not fit."""
+        import json
+
+        models = self._get("/v1/models")
+        try:   # vLLM gathers its environment once for this route (seconds): more than a request's time here
+            info = call(self.base_url, "GET", "/server_info?config_format=json", None, max(self.timeout_s, 60.0),
+                        self.log, secret=self.secret)
+        except ServerError:
+            info = None   # a vLLM without the route: its dtype is not compared
+        served = served_model(models, info)
+        model = served["model"]
+        same = None
+        if model:
+            if os.path.isdir(model) and os.path.isdir(self.model_dir):
+                if os.path.realpath(model) == os.path.realpath(self.model_dir):
+                    model = self.model_dir
+                else:
+                    try:
+                        with open(os.path.join(model, "config.json"), encoding="utf-8") as f:
+                            served_config = json.load(f)
+                    except (OSError, ValueError):
+                        served_config = None
+                    same = same_model(model, self.model_dir, served_config if isinstance(served_config, dict)
+                                      else None, self.policy_config)
+            if same is None:
+                same = same_model(model, self.model_dir, None, None)
+        check_served(self.base_url, served, self.model_dir, same, _DTYPES.get(self.precision, self.precision),
+                     self.precision, self.max_len, self.max_model_len)
 
     def _warm_up(self, timeout_s: float) -> None:
         body = {"token_ids": [int(min(self.eos_ids or {0}))], "sampling_params": {"max_tokens": 1, "logprobs": 0}}
