@@ -351,6 +351,15 @@ def test_an_episode_prompt_longer_than_max_prompt_length_is_reported_once_not_cu
     assert "max_prompt_length" not in caplog.text                    # said once per run
 
 
+# an environment whose every answer is 20 MB of text (issue 45 item 7)
+FLOOD_ANSWER = textwrap.dedent('''
+    class Flood:
+        def reset(self, row):
+            return [{"role": "user", "content": "Read the log."}]
+        def step(self, text):
+            return {"messages": [{"role": "user", "content": "line of the log\\n" * 1_250_000}], "done": False}
+''')
+
 def test_a_20_mb_environment_answer_is_not_tokenised_whole_and_ends_the_episode_truncated(tmp_path, monkeypatch):
     """Issue 45 item 7: only what can still fit in the episode (its max_episode_tokens room) is
     tokenised; an answer past it ends the episode truncated, as at max_episode_tokens (the answer
@@ -358,13 +367,7 @@ def test_a_20_mb_environment_answer_is_not_tokenised_whole_and_ends_the_episode_
     from rltune.agents.rendering import Renderer
     from rltune.train.episodes import play
 
-    (tmp_path / "flood.py").write_text(textwrap.dedent('''
-        class Flood:
-            def reset(self, row):
-                return [{"role": "user", "content": "Read the log."}]
-            def step(self, text):
-                return {"messages": [{"role": "user", "content": "line of the log\\n" * 1_250_000}], "done": False}
-    '''))
+    (tmp_path / "flood.py").write_text(FLOOD_ANSWER)
     tokenised = []
     real = Renderer.ids
     monkeypatch.setattr(Renderer, "ids", lambda self, text: tokenised.append(len(text)) or real(self, text))
@@ -383,13 +386,7 @@ def test_a_20_mb_answer_at_a_prefix_break_is_not_tokenised_whole_and_the_row_kee
     from rltune.agents.rendering import Renderer
     from rltune.train.episodes import play
 
-    (tmp_path / "flood.py").write_text(textwrap.dedent('''
-        class Flood:
-            def reset(self, row):
-                return [{"role": "user", "content": "Read the log."}]
-            def step(self, text):
-                return {"messages": [{"role": "user", "content": "line of the log\\n" * 1_250_000}], "done": False}
-    '''))
+    (tmp_path / "flood.py").write_text(FLOOD_ANSWER)
     c = _components(_recipe("flood.py:Flood", max_turns=3, max_episode_tokens=256), ["<think>hm</think>3", "4"],
                     tmp_path)
     c.tokenizer.chat_template = (              # drops past reasoning (as Qwen3 does): every answer is a break
