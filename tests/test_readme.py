@@ -35,6 +35,7 @@ SKIP = [
     (("make",), "installs into ./.venv and trains or runs the whole suite (minutes); CI runs `make test` itself"),
     (("pip",), "installs packages"),
     (("rltune", "train"), "trains a model (seconds to minutes); tests/train covers train, --resume, --nproc and --dry-run"),
+    (("rltune", "eval"), "builds the recipe's engines and plays its eval set; tests/train/test_eval_command.py runs it on a trained run"),
     (("rltune", "launch", "slurm"), "submits a job with sbatch; tests/train/test_launch_slurm.py runs it under a Slurm shim"),
 ]
 # exit codes README states for a line, where not 0

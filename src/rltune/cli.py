@@ -295,6 +295,30 @@ def train(
                          launcher_args=extra, command=command, dry_run=dry_run, fmt=fmt))
 
 
+@app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def evaluate(
+    recipe: str = typer.Argument(..., metavar="RECIPE", help="Recipe file."),
+    overrides: Optional[List[str]] = typer.Argument(None, metavar="KEY=VALUE",
+                                                    help="Overrides, as for train (e.g. data.eval=heldout.jsonl)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", metavar="DIR",
+                                        help="Weights to compare with model.policy: a run's final/, a run directory "
+                                             "(its final/), or a save_pretrained directory of the policy's architecture."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", "-o", metavar="KEY=VALUE",
+                                             help="Override a key (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (the keys of RUN/eval.json)."),
+    limit: Optional[int] = typer.Option(None, "--limit", metavar="N", help="Evaluate the first N eval rows only."),
+) -> None:
+    """Run the recipe's held-out eval outside training (the same greedy answers or episodes, rollout
+    engine and rewards as a run's eval), with model.policy and, with --model DIR, with DIR's
+    weights: prints before -> after as a run does at its end (exit 0; 1 bad recipe or DIR; 2 usage)."""
+    from rltune.commands.evaluate import run
+    from rltune.quiet import quiet_dependencies
+
+    quiet_dependencies()
+    _reject_bare_keys(overrides or [])
+    raise typer.Exit(run(recipe, [*(overrides or []), *(sets or [])], model=model, as_json=as_json, limit=limit))
+
+
 launch_app = typer.Typer(help="A job for an existing scheduler that runs `rltune train` on several nodes: slurm, k8s.",
                          no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(launch_app, name="launch")
