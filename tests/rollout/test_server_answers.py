@@ -10,7 +10,7 @@ import pytest
 
 from rltune.rollout.server import ServerError
 from rltune.rollout.server_checks import check_answer, parse_version
-from rltune.rollout.vllm_server import token_versions
+from rltune.rollout.vllm_api import token_versions
 
 URL = "http://10.0.0.7:8000"
 

@@ -106,6 +106,7 @@ class _Served(http.server.BaseHTTPRequestHandler):
     models: dict = {}
     info: dict = {}
     seen: list = []
+    api = "rl"      # "dev": vLLM 0.26's routes (no /weight_info; /get_world_size)
 
     def _send(self, obj, status=200):
         body = json.dumps(obj).encode()
@@ -124,6 +125,8 @@ class _Served(http.server.BaseHTTPRequestHandler):
             return self._send({"error": "unauthorized"}, 401)
         answers = {"/health": {}, "/weight_info": {"weight_version": "default"}, "/v1/models": type(self).models,
                    "/server_info": type(self).info}
+        if type(self).api == "dev":
+            answers = {k: v for k, v in answers.items() if k != "/weight_info"} | {"/get_world_size": {"world_size": 1}}
         self._send(answers[u.path]) if u.path in answers else self._send({"detail": "Not Found"}, 404)
 
     def do_POST(self):
@@ -138,7 +141,7 @@ class _Served(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    _Served.secret, _Served.seen = new_secret(), []
+    _Served.secret, _Served.seen, _Served.api = new_secret(), [], "rl"
     monkeypatch.setenv("RLTUNE_TEST_ATTACH_SECRET", _Served.secret)
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Served)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -205,3 +208,56 @@ def test_attach_accepts_the_server_the_docs_start(stand_in):
         assert {"/v1/models", "/server_info", "/init_weight_transfer_engine"} <= set(_Served.seen)
     finally:
         engine.close()
+
+
+def test_attach_to_a_vllm_026_server_numbers_the_syncs_itself_and_refuses_partial_rollouts(stand_in):
+    """vLLM 0.26 (the GPU image's) has the RL routes in dev mode but no GET /weight_info and no
+    per-token weight versions (rollout/vllm_api.py): the engine attaches, numbers its syncs itself,
+    and refuses rollout.asynchronous.partial with the fix; against 0.32's API both hold."""
+    from rltune.models import resolve_model_dir
+    from rltune.rollout.vllm_api import DEV, RL
+
+    d = resolve_model_dir("builtin:tiny-llama")
+    _Served.models, _Served.info, _Served.api = _models(root=d), _info(model=d), "dev"
+    _, engine = _attach(stand_in)
+    try:
+        assert (engine.api, engine.version, engine.weight_version()) == (DEV, 0, "default")
+        with pytest.raises(ServerError) as e:
+            engine.keep_requests_across_syncs()
+        assert "vLLM 0.26's dev-mode API" in str(e.value) and "fix: rollout.asynchronous.partial: false" in str(e.value)
+        assert engine.pause_mode == "wait"
+    finally:
+        engine.close()
+    _Served.api = "rl"
+    _, engine = _attach(stand_in)
+    try:
+        assert engine.api == RL
+        engine.keep_requests_across_syncs()
+        assert engine.pause_mode == "keep"
+    finally:
+        engine.close()
+
+
+def test_the_installed_vllm_api_decides_the_token_in_flag(monkeypatch, tmp_path):
+    """The started server gets --enable-scale-out only where the installed vLLM has 0.32's RL API
+    (vLLM 0.26 registers the token-in route without the flag, and refuses an unknown one)."""
+    import importlib.machinery
+    import importlib.util
+
+    from rltune.rollout import vllm_api
+
+    def fake_vllm(*dirs):
+        root = tmp_path / "-".join(dirs).replace("/", "_") / "vllm"
+        for sub in dirs:
+            (root / "entrypoints" / sub).mkdir(parents=True)
+        spec = importlib.machinery.ModuleSpec("vllm", None, is_package=True)
+        spec.submodule_search_locations = [str(root)]
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "vllm" else None)
+
+    fake_vllm("serve/dev/rlhf")
+    assert vllm_api.installed_api() == vllm_api.DEV and vllm_api.token_in_args(vllm_api.DEV) == []
+    fake_vllm("rl", "serve/dev/rlhf")
+    assert vllm_api.installed_api() == vllm_api.RL
+    assert vllm_api.token_in_args(vllm_api.RL) == ["--enable-scale-out"]
+    fake_vllm("openai")
+    assert vllm_api.installed_api() is None

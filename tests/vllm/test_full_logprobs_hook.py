@@ -80,3 +80,31 @@ def test_truncated_sampling_without_the_hook_is_an_error():
     for s in (Sampling(top_p=0.9), Sampling(top_k=20)):
         with pytest.raises(RuntimeError, match="rollout.top_p: 1 and rollout.top_k: 0"):
             eng.generate([[1, 2]], s)
+
+
+class _V2Sampler026:
+    """vLLM 0.26's V2 sampler: `sample` applies temperature (and penalties) through
+    `apply_sampling_params(..., skip_top_k_top_p=True)`, then truncates; returns the truncated logits."""
+    return_sampling_mask = False
+
+    def apply_sampling_params(self, logits, temperature, skip_top_k_top_p=False):
+        return logits.div_(temperature)
+
+    def sample(self, logits, temperature, top_k):
+        processed = self.apply_sampling_params(logits, temperature, skip_top_k_top_p=True)
+        processed = _top_k_in_place(processed, top_k)
+        return processed.argmax(-1), processed
+
+
+def test_v2_layout_of_vllm_026_reports_the_temperature_scaled_logits_before_truncation():
+    sampler = _V2Sampler026()
+    worker = SimpleNamespace(model_runner=SimpleNamespace(sampler=sampler))
+    logits = torch.randn(3, 50)
+    want = logits / 0.7
+    _, unhooked = _V2Sampler026().sample(logits.clone(), 0.7, 5)
+    assert torch.isinf(unhooked).any()                    # what vLLM reports unhooked: truncated
+    assert _report_full_distribution(worker) is True
+    assert _report_full_distribution(worker) is True      # idempotent
+    ids, out = sampler.sample(logits.clone(), 0.7, 5)
+    assert torch.equal(ids, want.argmax(-1))
+    torch.testing.assert_close(out, want)                 # every token kept, temperature applied

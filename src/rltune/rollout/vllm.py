@@ -522,10 +522,15 @@ def _report_full_distribution(worker):
     k, p)`, which truncates the logits in place and returns (sampled ids, processed log-probs);
     `Sampler.forward` gathers the returned log-probs at the sampled ids. The wrapper computes the
     log-softmax first and returns it in place of the processed ones (verified on CPU).
-    V2 model runner (CUDA with Triton, vLLM's default there; NOT run yet, no GPU here):
-    `Sampler._sample_random(processed_logits, ...)` receives the temperature-scaled logits and
-    returns (sampled ids, truncated logits), whose log-softmax `Sampler.__call__` gathers; the
-    wrapper returns a copy of the logits it received instead."""
+    V2 model runner, vLLM 0.32 (CUDA with Triton, vLLM's default there): `Sampler._sample_random(
+    processed_logits, ...)` receives the temperature-scaled logits and returns (sampled ids,
+    truncated logits), whose log-softmax `Sampler.__call__` gathers; the wrapper returns a copy of
+    the logits it received instead.
+    V2 model runner, vLLM 0.26 (read in its source; the GPU image's vLLM): `Sampler.sample(...)`
+    calls `apply_sampling_params(..., skip_top_k_top_p=True)` (penalties, temperature, min-p: no
+    truncation) and returns (sampled ids, logits after top-k/top-p), whose log-softmax `__call__`
+    gathers; the wrapper keeps a copy of what `apply_sampling_params` returned and hands it back
+    in place of the truncated logits."""
     import torch
 
     sampler = getattr(getattr(worker, "model_runner", None), "sampler", None)
@@ -554,6 +559,26 @@ def _report_full_distribution(worker):
             return sampled, full
 
         sampler._sample_random = _sample_random
+    elif callable(getattr(sampler, "sample", None)) and callable(getattr(sampler, "apply_sampling_params", None)):
+        if getattr(sampler, "return_sampling_mask", False):                        # V2 model runner, 0.26
+            return "vLLM's return_sampling_mask is on (it reads the truncated logits)"
+        inner_apply, inner_sample = sampler.apply_sampling_params, sampler.sample
+        kept: list = []
+
+        def apply_sampling_params(*args, **kwargs):
+            out = inner_apply(*args, **kwargs)
+            if kwargs.get("skip_top_k_top_p"):
+                kept.append(out.clone())                              # before top-k/top-p (in place)
+            return out
+
+        def sample(*args, **kwargs):
+            kept.clear()
+            sampled, truncated = inner_sample(*args, **kwargs)
+            if not kept:   # another layout than the one read: never the truncated log-probs silently
+                raise RuntimeError("rltune's sampler hook (vLLM 0.26 layout) saw no untruncated logits")
+            return sampled, kept.pop()
+
+        sampler.apply_sampling_params, sampler.sample = apply_sampling_params, sample
     else:
         return f"unknown vLLM sampler layout ({type(sampler).__name__})"
     sampler._rltune_full_logprobs = True

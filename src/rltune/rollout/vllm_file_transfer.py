@@ -11,6 +11,7 @@ its linear weights at the finish.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from vllm.distributed.weight_transfer.base import (
@@ -18,6 +19,27 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferInitInfo,
     WeightTransferUpdateInfo,
 )
+
+
+def load_into(model, weights: list) -> None:
+    """(name, tensor) pairs in checkpoint naming -> the model's own `load_weights`. vLLM 0.32 checks
+    an MTP model's completeness on every call (off here: one update carries part of the model);
+    vLLM 0.26 has no such check."""
+    try:
+        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+    except ImportError:
+        disable_mtp_completeness_check = contextlib.nullcontext
+    with disable_mtp_completeness_check():
+        model.load_weights(weights)
+
+
+class SentOverHTTP:
+    """vLLM 0.26 declares the trainer's side abstract on the worker's engine class (0.32 moved it to
+    a trainer class): rltune's trainer sends over the server's HTTP routes (rollout/vllm_server.py)."""
+
+    @staticmethod
+    def trainer_send_weights(iterator, trainer_args) -> None:
+        raise NotImplementedError("rltune's trainer sends weights over the server's HTTP routes (rollout/vllm_server.py)")
 
 
 @dataclass
@@ -30,7 +52,7 @@ class FileUpdateInfo(WeightTransferUpdateInfo):
     path: str = ""
 
 
-class FileWeightTransferEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo]):
+class FileWeightTransferEngine(SentOverHTTP, WeightTransferEngine[FileInitInfo, FileUpdateInfo]):
     init_info_cls = FileInitInfo
     update_info_cls = FileUpdateInfo
 
@@ -49,10 +71,7 @@ class FileWeightTransferEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo
             raise ValueError("rltune_file: update_info.path is empty")
         with safe_open(update_info.path, framework="pt", device="cpu") as f:
             weights = [(name, f.get_tensor(name).to(self.device)) for name in f.keys()]
-        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
-
-        with disable_mtp_completeness_check():
-            self.model.load_weights(weights)
+        load_into(self.model, weights)
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload

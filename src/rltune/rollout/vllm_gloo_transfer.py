@@ -23,6 +23,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from .vllm_file_transfer import SentOverHTTP, load_into
+
 GROUP_PREFIX = "rltune_gloo"
 
 
@@ -63,7 +65,7 @@ def broadcast(group, buf: torch.Tensor):
     return group.broadcast([buf], opts)
 
 
-class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
+class GlooWeightTransferEngine(SentOverHTTP, WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
     init_info_cls = GlooInitInfo
     update_info_cls = GlooUpdateInfo
 
@@ -95,10 +97,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             if offset < 0 or offset + n > buf.numel():
                 raise ValueError(f"rltune_gloo: {name} lies outside the buffer")
             weights.append((name, buf[offset:offset + n].view(dtype).view(shape).to(self.device)))
-        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
-
-        with disable_mtp_completeness_check():
-            self.model.load_weights(weights)
+        load_into(self.model, weights)
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload

@@ -39,6 +39,7 @@ from .base import Sampling
 from .server import NotOurServer, ServerError, ServerProcess, call, free_port, healthy, prove_identity, route_address
 from .server_auth import SECRET_ENV, new_secret, secret_problem
 from .server_checks import check_answer, check_served, parse_version, same_model, served_model
+from .vllm_api import DEV, RL, installed_api, partial_problem, token_in_args, token_versions, torch_versions
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SYNC_BUCKET_BYTES = 512 << 20   # weights per /update_weights call (one safetensors file)
@@ -209,6 +210,9 @@ class VLLMServerRollout:
         self.last_sync_ms: float | None = None
         self.process: ServerProcess | None = None
         self.kv_cache_line = ""
+        self.api = installed_api() or RL   # an attached server's: found at attach (vllm_api.py)
+        if not srv.url and rollout_cfg.asynchronous.partial and partial_problem(self.api):
+            raise ServerError(partial_problem(self.api))   # before a server starts for nothing
         t0 = time.perf_counter()
         if srv.url:
             from urllib.parse import urlsplit
@@ -308,7 +312,7 @@ class VLLMServerRollout:
         cmd = [sys.executable, "-m", LAUNCH, "--model", model_dir, "--served-model-name", "policy",
                "--host", srv.host, "--port", str(port), "--dtype", _DTYPES[precision],
                "--seed", str(0 if seed is None else int(seed)), "--max-model-len", str(self.max_model_len),
-               "--enable-scale-out", "--weight-transfer-config", '{"backend": "%s"}' % BACKENDS[srv.weight_transfer][0],
+               *token_in_args(self.api), "--weight-transfer-config", '{"backend": "%s"}' % BACKENDS[srv.weight_transfer][0],
                "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1", "--enable-prefix-caching",
                "--disable-log-stats", "--disable-uvicorn-access-log",
                "--tensor-parallel-size", str(int(self.cfg.tensor_parallel_size))]
@@ -360,6 +364,10 @@ class VLLMServerRollout:
         try:
             info = self._get("/weight_info")
         except ServerError as err:
+            if "HTTP 404" in str(err) and self._has_rl_routes():   # vLLM 0.26: the RL routes, no versions
+                self.api, self.version = DEV, 0
+                self._check_served()
+                return
             raise ServerError(f"rollout.server.url {self.base_url} has no RL API (GET /weight_info failed)\n  fix: "
                               f"start it with rltune's launcher, docs/rollout-server.md ({str(err).splitlines()[0]})") from None
         self.version = parse_version(info.get("weight_version"), self.base_url)
@@ -545,7 +553,24 @@ class VLLMServerRollout:
                 pass
 
     def weight_version(self) -> str:
+        if self.api == DEV:   # no versions: the trainer numbers its syncs itself
+            return "default"
         return str(self._get("/weight_info").get("weight_version"))[:64]
+
+    def _has_rl_routes(self) -> bool:
+        """vLLM 0.26 in dev mode answers GET /get_world_size (one of its RL routes)."""
+        try:
+            return "world_size" in self._get("/get_world_size")
+        except ServerError:
+            return False
+
+    def keep_requests_across_syncs(self) -> None:
+        """rollout.asynchronous.partial: a sync pauses the requests in flight and they go on with the
+        new weights, each token labelled with its version (refused where the server has no labels)."""
+        problem = partial_problem(self.api)
+        if problem:
+            raise ServerError(problem)
+        self.pause_mode = "keep"
 
     # -- memory and lifetime --
     def sleep(self) -> None:
@@ -567,26 +592,3 @@ class VLLMServerRollout:
             self.process.stop()
             self.process = None
 
-
-def token_versions(spans, n_tokens: int, default: int) -> list[int]:
-    """The weight version of each of a sample's `n_tokens` tokens, from the server's spans
-    (`weight_versions`: [{"version": "3", "start": 0, "end": 12}, ...], labels = rltune's sync
-    numbers; the weights loaded at start carry none: version 0). No spans: `default` (the
-    version when the request was sent; with pause mode "wait" nothing changes during it)."""
-    out = [int(default)] * n_tokens
-    for span in spans or []:
-        v = parse_version(span.get("version"))
-        start, end = max(0, int(span.get("start", 0))), min(n_tokens, int(span.get("end", n_tokens)))
-        out[start:end] = [v] * max(0, end - start)
-    return out
-
-
-def torch_versions(rows: list[list[int]], width: int):
-    """(B, T) long: each row's token versions, -1 past its last token."""
-    import torch
-
-    out = torch.full((len(rows), width), -1, dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            out[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-    return out

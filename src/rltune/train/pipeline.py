@@ -80,7 +80,7 @@ class Pipeline:
         if hasattr(self.engine, "own_copy"):   # hf: the trainer's in-place updates must not reach a batch
             self.engine.own_copy()             # being sampled; the engine keeps its own weights
         if self.partial:
-            self.engine.pause_mode = "keep"
+            self.engine.keep_requests_across_syncs()
         self.cv = threading.Condition()
         self.ready: dict[int, StepBatch] = dict(inflight or {})      # step -> its batch, generated
         self.next = max(self.ready, default=first_step - 1) + 1       # the step the producer makes next
