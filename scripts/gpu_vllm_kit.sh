@@ -12,7 +12,7 @@
 #   (metadata only: nothing pulls a CUDA torch), minus what the image holds
 #   (scripts/gpu_image_packages.txt) and minus the kernels a dense bf16 model on Hopper never loads:
 #   FlashAttention 2 (Hopper takes FA3), the MoE and FlashMLA ops, DeepGEMM/FMHA-sm100 sources,
-#   FlashInfer, CUTLASS-DSL/quack/tilelang/tokenspeed (Blackwell and DSL kernels), video codecs,
+#   FlashInfer (its sampler off: VLLM_USE_FLASHINFER_SAMPLER=0 in gpu_kit_install.sh), CUTLASS-DSL/quack/tilelang/tokenspeed (Blackwell and DSL kernels), video codecs,
 #   the Rust frontend, OpenTelemetry and the cloud CLIs (all imported lazily by vLLM 0.26: read in
 #   its source);
 # - rltune's own dependencies and DeepSpeed (scripts/gpu_wheels.sh, without the SmolLM2 weights);
@@ -54,7 +54,7 @@ image |= {"torch", "torchvision", "torchaudio"}
 lazy = set("""flashinfer-python nvidia-cuda-cccl nvidia-cuda-crt nvidia-cuda-nvcc nvidia-cuda-nvdisasm nvidia-nvvm
 nvidia-cudnn-frontend nvidia-cutlass-dsl nvidia-cutlass-dsl-libs-base nvidia-cutlass-dsl-libs-core
 nvidia-cutlass-dsl-libs-cu12 nvidia-cutlass-dsl-libs-cu13 quack-kernels tilelang tokenspeed-mla tokenspeed-triton
-humming-kernels torchcodec pynvvideocodec cuda-tile cuda-python z3-solver apache-tvm-ffi torch-c-dlpack-ext
+humming-kernels torchcodec pynvvideocodec cuda-tile cuda-python z3-solver
 fastsafetensors sentry-sdk fastapi-cloud-cli fastar rignore agent-detector detect-installer supervisor
 truststore""".split())
 for item in json.load(open(sys.argv[1]))["install"]:

