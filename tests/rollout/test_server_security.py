@@ -323,3 +323,25 @@ def test_the_launcher_listens_on_loopback_unless_told_and_always_adds_the_guard(
     assert serve_args(["--host", "10.0.0.7", "--model", "m"]) == ["--host", "10.0.0.7", "--model", "m", "--middleware",
                                                              MIDDLEWARE]
     assert serve_args(["--host=::1"]) == ["--host=::1", "--middleware", MIDDLEWARE]
+
+
+def test_the_launcher_finds_vllm_026s_server_module_where_032s_package_is_missing(monkeypatch):
+    """vLLM 0.26 has no vllm.entrypoints.launchers package: asking find_spec for a module under it
+    raises instead of answering None (found on the H200); the launcher takes that as 'not there' and
+    goes on to 0.26's server module."""
+    import importlib.util
+
+    from rltune.rollout import server_launch
+
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name.startswith("vllm.entrypoints.launchers"):
+            raise ModuleNotFoundError("No module named 'vllm.entrypoints.launchers'")
+        if name == server_launch.LEGACY:
+            return object()
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert server_launch._exists(server_launch.ENTRY) is False
+    assert server_launch._exists(server_launch.LEGACY) is True
