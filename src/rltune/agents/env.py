@@ -47,10 +47,16 @@ def _short(value: object, limit: int = 200) -> str:
 
 # ---------------------------------------------------------------- loading
 
-def load_env_class(spec: str, base_dir: Path | None = None) -> type:
-    """The class `spec` names (builtin:NAME, module.path:ClassName or file.py:ClassName),
+def load_env_class(spec: str, base_dir: Path | None = None, args: dict | None = None) -> type:
+    """The class `spec` names (builtin:NAME, module.path:ClassName or file.py:ClassName, or a
+    library's environment: verifiers:NAME, openenv:NAME with `args` = rollout.env_args, rltune/envs),
     checked to be a usable environment; EnvError naming the spec otherwise. A file path is
     read as given, else relative to the recipe's directory `base_dir`."""
+    from ..envs import ENVS, adapter, prefix_of
+
+    eco = prefix_of(spec, ENVS)
+    if eco:
+        return adapter(eco[0], ENVS).load_env(eco[1], dict(args or {}), base_dir)
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
         if name not in BUILTIN_ENVS:
@@ -433,7 +439,7 @@ def check_env_file(spec: str, base_dir: Path | None) -> str | None:
     return problems[0][0] if problems else None
 
 
-def env_file_problems(spec: str, base_dir: Path | None) -> list[tuple[str, str | None]]:
+def env_file_problems(spec: str, base_dir: Path | None, args: dict | None = None) -> list[tuple[str, str | None]]:
     """Every (problem, fix or None) with the environment `spec` names, found WITHOUT running user code.
 
     builtin: the name exists. file.py:Class: the file (at most 2 MB) parses and defines the
@@ -442,8 +448,14 @@ def env_file_problems(spec: str, base_dir: Path | None) -> list[tuple[str, str |
     reward(episode) for turns, tools with self and Args: entries naming parameters, return
     annotations). file.py:function: an agent, run(client, row). Nothing for module:Class (only
     importing could tell: `train` checks the same on the loaded class before any model loads),
-    nor what a reading cannot tell (a base class from elsewhere).
+    nor what a reading cannot tell (a base class from elsewhere). A library's environment
+    (verifiers:NAME, openenv:NAME): what its adapter checks (rltune/envs).
     """
+    from ..envs import ENVS, adapter, prefix_of
+
+    eco = prefix_of(spec, ENVS)
+    if eco:
+        return adapter(eco[0], ENVS).env_problems(eco[1], dict(args or {}))
     if spec.startswith("builtin:"):
         if spec.split(":", 1)[1] in BUILTIN_ENVS:
             return []

@@ -61,7 +61,9 @@ def run(recipe_path: str, overrides: list[str], model: str | None = None, as_jso
         print(f"rltune: {recipe_path}: the recipe has errors; not evaluating", file=sys.stderr)
         return 1
     d = recipe.data
-    if not d.eval and not d.train.startswith("builtin:"):
+    from ..envs import generated
+
+    if not d.eval and not generated(d.train):
         print(f"rltune: {recipe_path}: the recipe has no eval set: data.eval is not set, and data.train "
               f"({d.train}) is not a builtin task with a held-out split (training evaluates nothing either)\n"
               f"  fix: set data.eval to the held-out rows, e.g. `rltune eval {recipe_path} data.eval=heldout.jsonl`",

@@ -258,8 +258,14 @@ def resolve_data_path(spec: str, base_dir: Optional[Path] = None) -> Optional[Pa
 
 
 def load_prompts(spec: str, prompt_key: str = "prompt", *, size: int = 2000, digits: int = 1,
-                 seed: int = 0, split: str = "train", chat: bool = False) -> PromptSet:
+                 seed: int = 0, split: str = "train", chat: bool = False, options: dict | None = None) -> PromptSet:
     key = f"data.{split}"
+    from ..envs import DATA, adapter, prefix_of
+
+    eco = prefix_of(spec, DATA)
+    if eco:   # a library's tasks (rltune/envs), generated or read by its adapter
+        rows = adapter(eco[0], DATA).rows(eco[1], dict(options or {}), size, seed, split)
+        return PromptSet(_aligned(rows), "prompt", spec)
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
         if name not in BUILTIN_TASKS:

@@ -65,9 +65,16 @@ def model_problem(spec: str) -> Optional[tuple]:
     return None  # a hub id: train downloads it (or says clearly that it cannot)
 
 
-def data_problem(spec: str, prompt_key: str, base_dir: Optional[Path], key: str) -> Optional[tuple]:
+def data_problem(spec: str, prompt_key: str, base_dir: Optional[Path], key: str,
+                 options: Optional[dict] = None) -> Optional[tuple]:
     from rltune.data.datasets import (BUILTIN_TASKS, FORMATS, SCAN_BYTES, DataError, missing_file_reason,
                                       read_rows, resolve_data_path)
+    from rltune.envs import DATA, adapter, prefix_of
+
+    eco = prefix_of(spec, DATA)
+    if eco:   # a library's tasks (rltune/envs): what its adapter checks
+        problems = adapter(eco[0], DATA).data_problems(eco[1], dict(options or {}))
+        return problems[0] if problems else None
 
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
@@ -243,7 +250,7 @@ def check_files(res) -> list[Finding]:
                 add(key, p)
     for key, spec in (("data.train", r.data.train), ("data.eval", r.data.eval)):
         if spec:
-            p = data_problem(spec, r.data.prompt_key, base, key)
+            p = data_problem(spec, r.data.prompt_key, base, key, r.data.options)
             if p:
                 add(key, p)
     for i, spec in enumerate(r.reward.functions):
@@ -265,7 +272,7 @@ def env_problems(r, base_dir: Optional[Path]) -> list[tuple]:
     spec = r.rollout.env
     shape = ("write the class as docs/agents.md shows: reset(row) and tools (documented, typed public "
              "methods) or step(text)")
-    problems = [(problem, fix or shape) for problem, fix in env_file_problems(spec, base_dir)]
+    problems = [(problem, fix or shape) for problem, fix in env_file_problems(spec, base_dir, r.rollout.env_args)]
     if problems:
         return problems
     if not r.reward.functions and r.reward.model is None and env_defines_reward(spec, base_dir) is False:

@@ -12,6 +12,7 @@ from typing import Iterator
 from rltune.recipe.rules_async import async_settings_without_effect
 from rltune.recipe.rules_base import RULES, Ctx, Hit, num, rule
 from rltune.recipe.schema import Recipe, RewardCfg, RolloutCfg, RolloutServerCfg
+from rltune.envs import generated
 
 MASK_TRUNCATED_MIN_TOKENS = 64   # below this many new tokens, most answers of a real task are cut
 
@@ -66,7 +67,7 @@ def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
         yield Hit("rollout.env_isolate", f"rollout.env_isolate true without rollout.env: {why}",
                   "remove rollout.env_isolate, or set rollout.env (docs/agents.md)")
     d = r.data
-    if r.trainer.eval_every > 0 and d.eval is None and not d.train.startswith("builtin:"):
+    if r.trainer.eval_every > 0 and d.eval is None and not generated(d.train):
         yield Hit("trainer.eval_every", f"trainer.eval_every {r.trainer.eval_every} without data.eval: {why} (held-out "
                   f"prompts come from data.eval; only builtin tasks have a split of their own, so {d.train} is "
                   "never evaluated)", "set data.eval: PATH (held-out prompts, same format), or trainer.eval_every: 0")

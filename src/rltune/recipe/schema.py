@@ -8,7 +8,7 @@ No torch import here.
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -66,6 +66,7 @@ class DataCfg(Section):
     builtin_size: int = F(2000, "Number of prompts a builtin task generates for training.", ge=8, le=1_000_000)
     builtin_digits: int = F(1, "Digits per operand for builtin:arithmetic.", ge=1, le=6)
     eval_size: int = F(32, "Number of eval prompts used per evaluation.", ge=1, le=100_000)
+    options: dict[str, Any] = F({}, "Options of a library's task source (data.train reasoning_gym:NAME: the generator's config; docs/agents.md, 'Environments from the ecosystem').")
 
     @field_validator("train", "eval")
     @classmethod
@@ -242,6 +243,7 @@ class RolloutCfg(Section):
     env: Optional[str] = F(None, "Episodes instead of single completions (docs/agents.md): an environment class, builtin:NAME (calculator, guess), module:Class or path/to/file.py:Class; one instance per episode. Its tools (public methods) or its step() answer each assistant turn; its reward(), if defined, scores the episode. Or an agent function, path/to/file.py:run: run(client, row) -> reward, written against the OpenAI client, which rltune points at its recording endpoint.")
     max_turns: int = F(4, "Episodes: assistant turns at most; an episode the environment has not ended by then is truncated.", ge=1, le=1000)
     max_episode_tokens: int = F(1024, "Episodes: response-side tokens at most (the model's and the environment's, after the prompt); an episode that reaches it is truncated.", ge=8, le=1_048_576)
+    env_args: dict[str, Any] = F({}, "Arguments of a library's environment (rollout.env verifiers:NAME or openenv:NAME; docs/agents.md, 'Environments from the ecosystem').")
     env_isolate: bool = F(False, "Episodes: run the environment in a worker process (its module imported there only): one that exits, crashes or hangs ends the episodes it hosted (episode/env_crashes, reward 0) instead of the run, and a fresh worker starts.")
     tool_timeout_s: float = F(10.0, "Episodes: seconds a tool call or step() may take before it is cut and reported to the model as an error.", gt=0, le=3600)
 

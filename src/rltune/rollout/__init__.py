@@ -121,7 +121,9 @@ def sequences_per_generate_call(recipe) -> int:
     the run has an eval set (data.eval, or a builtin train set with trainer.eval_every > 0:
     `train.setup`)."""
     d = recipe.data
-    has_eval = bool(d.eval) or (str(d.train).startswith("builtin:") and int(recipe.trainer.eval_every) > 0)
+    from ..envs import generated
+
+    has_eval = bool(d.eval) or (generated(d.train) and int(recipe.trainer.eval_every) > 0)
     eval_seqs = min(32, int(d.eval_size)) if has_eval else 0
     return max(int(recipe.rollout.batch_size), eval_seqs)
 

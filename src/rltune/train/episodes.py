@@ -53,7 +53,7 @@ def load_environment(recipe, tokenizer, recipe_dir: Path):
                            "function, which runs in threads of the trainer",
                            "remove rollout.env_isolate (an agent's own code may start processes of its own)")
         return pool, Renderer(tokenizer, pool.tools if pool.kind == "tools" else None)
-    cls = load_env_class(recipe.rollout.env, Path(recipe_dir))
+    cls = load_env_class(recipe.rollout.env, Path(recipe_dir), recipe.rollout.env_args)
     return cls, Renderer(tokenizer, tool_schemas(cls) if kind_of(cls) == "tools" else None)
 
 

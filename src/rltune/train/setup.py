@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Union
 
 from ..data import PromptSampler, PromptSet, load_prompts
 from ..engine.distributed import DistInfo
+from ..envs import generated as generated_source
 from ..errors import UserError
 from ..recipe.schema import Recipe
 from .console import LOG
@@ -103,12 +104,12 @@ def build(recipe: Recipe, dist: DistInfo, recipe_dir: Path, seed: int | None = N
     chat = uses_chat_template(tokenizer, recipe.data)
     d = recipe.data
     train_set = load_prompts(_data_path(d.train, recipe_dir), d.prompt_key, size=d.builtin_size,
-                             digits=d.builtin_digits, seed=seed, split="train", chat=chat)
+                             digits=d.builtin_digits, seed=seed, split="train", chat=chat, options=d.options)
     eval_set = None
-    if d.eval or (d.train.startswith("builtin:") and recipe.trainer.eval_every > 0):
+    if d.eval or (generated_source(d.train) and recipe.trainer.eval_every > 0):
         spec = d.eval or d.train
         eval_set = load_prompts(_data_path(spec, recipe_dir), d.prompt_key, size=d.eval_size,
-                                digits=d.builtin_digits, seed=seed, split="eval", chat=chat)
+                                digits=d.builtin_digits, seed=seed, split="eval", chat=chat, options=d.options)
     if eval_set is not None and len(eval_set) > d.eval_size:
         eval_set = PromptSet(eval_set.rows[:d.eval_size], eval_set.prompt_key, eval_set.source)
     if dist.rank == 0:  # prompts longer than data.max_prompt_length: one warning per set, with the count
@@ -221,7 +222,7 @@ def _data_path(spec: str, recipe_dir: Path) -> str:
     """Where train reads a data spec: the places `validate` checks (data.datasets.resolve_data_path)."""
     from ..data.datasets import resolve_data_path
 
-    if spec.startswith("builtin:"):
+    if generated_source(spec):
         return spec
     if spec.startswith("hf:"):
         from ..data.hub import resolve_hf_spec
