@@ -505,6 +505,10 @@ def collect(deep: bool = False, rules_path: str | None = None, progress=None) ->
     _probe_vllm(rep, facts, deep)
     _probe_vllm_server(rep, facts, deep)
     _probe_flash_attn(rep, facts, deep)
+    from ..envs import doctor_lines   # the field's environments and checkers (rltune[envs])
+
+    for name, status, detail in doctor_lines(_dist_version):
+        rep.add(name, status, detail)
     if torch is not None:
         step("multi-GPU all-reduce")
         _allreduce_smoke(rep, facts)

@@ -19,6 +19,26 @@ ENVS = {"verifiers": "rltune.envs.verifiers_env", "openenv": "rltune.envs.openen
 INSTALL_FIX = "pip install 'rltune[envs]'"
 
 
+# distribution -> (what it enables, its recipe form), for `rltune doctor`
+LIBRARIES = {
+    "reasoning-gym": "data.train: reasoning_gym:NAME and reward builtin:reasoning_gym",
+    "math-verify": "reward builtin:math_verify",
+    "verifiers": "rollout.env: verifiers:NAME",
+    "openenv-core": "rollout.env: openenv:NAME",
+}
+
+
+def doctor_lines(version) -> list[tuple[str, str, str]]:
+    """(name, status, detail) per library: installed with its version, or what installing it enables.
+    `version(dist)` -> version or None (metadata only: nothing is imported)."""
+    out = []
+    for dist, enables in LIBRARIES.items():
+        v = version(dist)
+        out.append((dist, "ok", f"{dist} {v}: {enables}") if v else
+                   (dist, "info", f"not installed: {enables} needs it ({INSTALL_FIX})"))
+    return out
+
+
 def prefix_of(spec: str, table: dict) -> tuple[str, str] | None:
     """(prefix, name) when `spec` is PREFIX:NAME for a prefix of `table`, else None."""
     prefix, sep, name = str(spec).partition(":")
