@@ -16,3 +16,7 @@ case "$what" in
   bench)  timeout "${LIMIT_S:-300}" python3 benchmarks/bench_grpo_gpu.py "$@" 2>&1 | tee "$O/bench-gpu.log" ;;
   *) echo "usage: $0 checks|suite|bench [args]"; exit 2 ;;
 esac
+rc=$?
+# a server that failed to start keeps its log under /tmp (rollout/server.py): their ends come back too
+for f in /tmp/rltune-server-failed-*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 80 "$f"; }; done > "$O/server-failures.log" 2>/dev/null
+exit $rc
