@@ -350,3 +350,36 @@ def test_waiting_gradients_only_under_zero3_shared_prompts(llama7b):
         assert name not in names(other)
     full = estimate(recipe_of(SEVEN_B.format(path=llama7b, zero=3, nproc=8)), Hardware("cuda", gpus=8, mem_bytes=80 * GiB))
     assert not full.activations["shared_prompts"] and name not in names(full)
+
+
+def test_a_started_vllm_server_sleeps_beside_the_trainer_as_the_in_process_engine_does(llama7b):
+    """rollout.engine vllm-server on the trainer's GPU: its weights and KV cache are freed while the
+    trainer runs (vLLM's sleep mode through the server's /sleep and /wake_up); not with devices of
+    its own, not under generation ahead (it generates while the trainer trains), and its CUDA
+    context stays in every phase."""
+    base = SEVEN_B.format(path=llama7b, zero=3, nproc=8).replace("engine: hf", "engine: vllm-server")
+    hw = Hardware("cuda", gpus=8, mem_bytes=80 * GiB)
+
+    def phases(text):
+        plan = estimate(recipe_of(text), hw)
+        return {i.name: i.phases for i in plan.items if i.name.startswith("vLLM")}
+
+    slept = phases(base)
+    assert slept["vLLM KV cache"] == slept["vLLM weights"] == ("rollout",)
+    assert len(slept["vLLM server CUDA context"]) > 1
+    for text in (base.replace("engine: vllm-server", "engine: vllm-server, sleep_mode: false"),
+                 base.replace("engine: vllm-server", "engine: vllm-server, asynchronous: {max_staleness: 1}")):
+        awake = phases(text)
+        assert len(awake["vLLM KV cache"]) > 1 and len(awake["vLLM weights"]) > 1, awake
+
+
+def test_server_sleeps_only_beside_the_trainer_on_cuda():
+    from rltune.recipe.schema import RolloutCfg
+    from rltune.rollout.vllm_api import server_sleeps
+
+    assert server_sleeps(RolloutCfg(), "cuda") is True
+    assert server_sleeps(RolloutCfg(), "cpu") is False                      # vLLM on CPU has no sleep mode
+    assert server_sleeps(RolloutCfg(sleep_mode=False), "cuda") is False
+    assert server_sleeps(RolloutCfg(server={"devices": [1]}), "cuda") is False
+    assert server_sleeps(RolloutCfg(server={"url": "http://127.0.0.1:8000"}), "cuda") is False
+    assert server_sleeps(RolloutCfg(asynchronous={"max_staleness": 1}), "cuda") is False

@@ -261,3 +261,32 @@ def test_the_installed_vllm_api_decides_the_token_in_flag(monkeypatch, tmp_path)
     assert vllm_api.token_in_args(vllm_api.RL) == ["--enable-scale-out"]
     fake_vllm("openai")
     assert vllm_api.installed_api() is None
+
+
+def test_a_sleeping_server_is_woken_before_it_generates_or_takes_weights(stand_in):
+    """A started server beside the trainer on CUDA sleeps between generations (vLLM's /sleep?level=1,
+    once) and is woken (/wake_up, once) before anything else is asked of it; started with
+    --enable-sleep-mode. (An attached server never sleeps: it is not the trainer's to put to sleep.)"""
+    from rltune.models import resolve_model_dir
+
+    d = resolve_model_dir("builtin:tiny-llama")
+    _Served.models, _Served.info = _models(root=d), _info(model=d)
+    _, engine = _attach(stand_in)
+    try:
+        assert engine.sleep_enabled is False                  # attached
+        engine.sleep()
+        assert "/sleep" not in _Served.seen
+        engine.sleep_enabled = True                           # as a started server on CUDA
+        engine.sleep()
+        engine.sleep()
+        assert _Served.seen.count("/sleep") == 1 and engine.asleep
+        engine.wake_up()
+        engine.wake_up()
+        assert _Served.seen.count("/wake_up") == 1 and not engine.asleep
+        engine.device = "cuda"
+        cmd = engine._command(d, engine.cfg.server, 8000, "bf16", 0, False)
+        assert "--enable-sleep-mode" in cmd and "--enforce-eager" not in cmd
+        engine.sleep_enabled = False
+        assert "--enable-sleep-mode" not in engine._command(d, engine.cfg.server, 8000, "bf16", 0, False)
+    finally:
+        engine.close()

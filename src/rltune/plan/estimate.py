@@ -506,7 +506,7 @@ def _rollout_items(recipe, hw, arch, engine, world, cpu, add, notes) -> dict:
         notes.append(f"rollout.server.url {recipe.rollout.server.url}: the attached server's weights and KV cache "
                      "are on its own devices, not budgeted here")
         return {"bytes": None, "tokens": None, "sequences": None, "per_token_bytes": None}
-    if server:   # its own processes: their runtime (CPU) or CUDA context (GPU), and no sleep mode
+    if server:   # its own processes: their runtime (CPU) or CUDA context (GPU)
         if cpu:
             add("vLLM server processes (runtime)", VLLM_SERVER_CPU_RUNTIME, ALL,
                 "API server, engine core and worker of rollout.engine vllm-server (measured, plan/estimate.py)")
@@ -533,7 +533,13 @@ def _rollout_items(recipe, hw, arch, engine, world, cpu, add, notes) -> dict:
     # GPU: vLLM takes gpu_memory_utilization of the card (weights + working reserve + KV cache); with
     # sleep mode it frees all of it (weights to host memory, KV cache dropped) while the trainer runs
     util = recipe.rollout.gpu_memory_utilization
-    phases = ("rollout",) if recipe.rollout.sleep_mode and not server else ALL
+    if server:   # a started server sleeps beside the trainer as the in-process engine does (vllm_server.py)
+        from rltune.rollout.vllm_api import server_sleeps
+
+        sleeps = server_sleeps(recipe.rollout, "cuda")
+    else:
+        sleeps = bool(recipe.rollout.sleep_mode)
+    phases = ("rollout",) if sleeps else ALL
     add("vLLM weights", weights, phases, f"its own copy ({prec}, / tensor_parallel_size {tp})")
     add("vLLM working reserve", VLLM_GPU_RESERVE, phases, "activations, sampler, CUDA graphs (rough)")
     if hw.mem_bytes is None:

@@ -66,7 +66,7 @@ def stop_group(pgid: int, grace_s: float = GRACE_S) -> None:
 
 def remove_weight_files(prefix: str | None) -> None:
     """Remove this user's regular files whose path starts with `prefix` (the trainer's weight
-    files; vllm_server.weight_file_prefix)."""
+    files; weight_files.weight_file_prefix)."""
     import stat
 
     if not prefix or not os.path.basename(prefix).startswith("rltune-weights-"):

@@ -53,6 +53,15 @@ def partial_problem(api: str) -> str | None:
             "still runs: a sync waits for the requests in flight), or vllm 0.32+")
 
 
+def server_sleeps(rollout_cfg, device: str) -> bool:
+    """Whether the started server sleeps between generations: on CUDA with rollout.sleep_mode, beside
+    the trainer (not attached, not on devices of its own) and never under generation ahead (it
+    generates while the trainer trains)."""
+    srv = rollout_cfg.server
+    return (device == "cuda" and bool(rollout_cfg.sleep_mode) and not srv.url and not srv.devices
+            and int(rollout_cfg.asynchronous.max_staleness) == 0)
+
+
 def token_versions(spans, n_tokens: int, default: int) -> list[int]:
     """The weight version of each of a sample's `n_tokens` tokens, from the server's spans
     (`weight_versions`: [{"version": "3", "start": 0, "end": 12}, ...], labels = rltune's sync

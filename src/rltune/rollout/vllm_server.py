@@ -39,7 +39,9 @@ from .base import Sampling
 from .server import NotOurServer, ServerError, ServerProcess, call, free_port, healthy, prove_identity, route_address
 from .server_auth import SECRET_ENV, new_secret, secret_problem
 from .server_checks import check_answer, check_served, parse_version, same_model, served_model
-from .vllm_api import DEV, RL, installed_api, partial_problem, token_in_args, token_versions, torch_versions
+from .weight_files import sweep_weight_files, weight_file_prefix, weights_dir  # noqa: F401 - the trainer's files
+from .vllm_api import (DEV, RL, installed_api, partial_problem, server_sleeps, token_in_args, token_versions,
+                       torch_versions)
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SYNC_BUCKET_BYTES = 512 << 20   # weights per /update_weights call (one safetensors file)
@@ -84,54 +86,6 @@ def _mid_run(method):
                     if self.process is None else f"see why the rollout server stopped (its log: {self.log})")
             raise ServerError(f"{err}\n{RESUME_FIX.format(what=what)}") from None
     return wrapper
-
-
-def weights_dir() -> str:
-    """Where weight files go: /dev/shm where there is one (RAM), else the temporary directory."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-
-
-def weight_file_prefix(pid: int | None = None) -> str:
-    """Weight files carry the trainer's pid: a trainer killed outright (SIGKILL, OOM) leaves its
-    file behind (up to SYNC_BUCKET_BYTES, in RAM on /dev/shm); the server's guard removes it
-    (server_guard.py, RLTUNE_WEIGHT_FILES) and the next run sweeps those of dead trainers."""
-    return f"rltune-weights-{os.getpid() if pid is None else int(pid)}-"
-
-
-def sweep_weight_files(directory: str | None = None) -> list[str]:
-    """Remove the weight files that trainers of this user which are no longer running left in
-    `directory` (default weights_dir()); returns their names. A file whose pid is alive, owned
-    by another user, or not a regular file stays."""
-    import re
-    import stat
-
-    directory = directory or weights_dir()
-    removed = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    for name in names:
-        m = re.fullmatch(r"rltune-weights-(\d{1,10})-[A-Za-z0-9_]+\.safetensors", name)
-        if not m:
-            continue
-        path = os.path.join(directory, name)
-        try:
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-                continue
-            try:
-                os.kill(int(m.group(1)), 0)
-                continue          # its trainer runs (or the pid is someone else's now): leave it
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                continue
-            os.unlink(path)
-            removed.append(name)
-        except OSError:
-            continue
-    return removed
 
 
 def check_devices(devices, device: str) -> None:
@@ -211,6 +165,10 @@ class VLLMServerRollout:
         self.process: ServerProcess | None = None
         self.kv_cache_line = ""
         self.api = installed_api() or RL   # an attached server's: found at attach (vllm_api.py)
+        # a started server on the trainer's GPU gives its memory back while the trainer updates
+        # (vLLM's sleep mode, level 1: weights to host memory, KV cache freed), as the in-process engine does
+        self.sleep_enabled = server_sleeps(rollout_cfg, self.device)
+        self.asleep = False
         if not srv.url and rollout_cfg.asynchronous.partial and partial_problem(self.api):
             raise ServerError(partial_problem(self.api))   # before a server starts for nothing
         t0 = time.perf_counter()
@@ -320,6 +278,8 @@ class VLLMServerRollout:
             cmd.append("--enforce-eager")
         else:
             cmd += ["--gpu-memory-utilization", str(float(self.cfg.gpu_memory_utilization))]
+        if self.sleep_enabled:
+            cmd.append("--enable-sleep-mode")
         if trust_remote_code:
             cmd.append("--trust-remote-code")
         return cmd + [str(a) for a in srv.extra_args]
@@ -438,6 +398,7 @@ class VLLMServerRollout:
             raise ValueError(f"prompt ({longest} tokens) + rollout.max_new_tokens ({sampling.max_new_tokens}) exceeds "
                              f"the rollout server's max_model_len {self.max_model_len}; raise rollout.max_model_len "
                              "or lower data.max_prompt_length")
+        self.wake_up()
         params = self._params(sampling)
         sent_version = self.version
         answers = list(self.pool.map(
@@ -473,6 +434,7 @@ class VLLMServerRollout:
         held in host memory and on /dev/shm at a time."""
         from .vllm import _with_tied_head
 
+        self.wake_up()
         t0 = time.perf_counter()
         weights = self.adaptation.full_weights(actor)
         if self.tied_embeddings:   # vLLM's CPU backend keeps its own packed copy of the head
@@ -574,10 +536,15 @@ class VLLMServerRollout:
 
     # -- memory and lifetime --
     def sleep(self) -> None:
-        pass
+        """Free the server's GPU memory while the trainer runs (a started server on the trainer's GPU)."""
+        if getattr(self, "sleep_enabled", False) and not self.asleep:
+            self._post("/sleep?level=1")
+            self.asleep = True
 
     def wake_up(self) -> None:
-        pass
+        if getattr(self, "asleep", False):
+            self._post("/wake_up")
+            self.asleep = False
 
     def close(self) -> None:
         if getattr(self, "group", None) is not None and self.process is None:   # attached: let it drop our group
