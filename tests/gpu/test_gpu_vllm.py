@@ -6,6 +6,7 @@ engine, colocated with the trainer on one GPU, in bf16, CUDA graphs on.
   giving memory back;
 - GRPO through the CLI with each engine: every step's rollout/logprob_diff_mean under the
   tolerance, the health monitor's sync and stale-weight detectors quiet, the tiny task learnt;
+- the server taking weights over CUDA IPC (vLLM's `ipc` backend);
 - generation one step ahead through the server (the lags exact), and partial rollouts: run where the
   server labels tokens with weight versions (vLLM 0.32), refused with the fix where not (0.26).
 
@@ -220,6 +221,19 @@ def test_grpo_with_the_vllm_server_engine_on_cuda(tmp_path):
     figure("tiny-grpo, engine vllm-server, H200 bf16", wall_s=round(wall, 1), **_summary(metrics))
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     _check_steps(metrics, "vllm-server", run)
+
+
+def test_the_server_takes_weights_over_cuda_ipc(tmp_path):
+    """rollout.server.weight_transfer ipc (vLLM's own backend): the server on the trainer's GPU loads the
+    trainer's tensors from CUDA IPC handles; every step in sync, the sync time printed beside the file
+    backend's (the test above)."""
+    res, run, wall = _train(tmp_path, rollout__engine="vllm-server", trainer__max_steps=4, trainer__eval_every=0,
+                            rollout__server={"weight_transfer": "ipc"})
+    assert res.returncode == 0, res.stderr[-4000:]
+    metrics = read_metrics(run)
+    figure("tiny-grpo, vllm-server, weight_transfer ipc, H200 bf16", wall_s=round(wall, 1), **_summary(metrics))
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    _check_steps(metrics, "vllm-server ipc", run)
 
 
 def test_generation_ahead_through_the_server_on_cuda(tmp_path):

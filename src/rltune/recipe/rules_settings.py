@@ -113,7 +113,8 @@ def mask_truncated_episodes(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 
 @rule("vllm-server-unsupported", "error",
       "rollout.engine vllm-server with top_p < 1 or top_k > 0 (sampling), rollout.lora_sync adapter, "
-      "rollout.server.trainer_address without weight_transfer gloo, rollout.server.devices with url, or "
+      "rollout.server.trainer_address without weight_transfer gloo, weight_transfer ipc on a CPU or with the "
+      "server on other GPUs, rollout.server.devices with url, or "
       "rollout.server settings without rollout.engine vllm-server",
       "the server reports log-probs after top-p / top-k truncation (not the full distribution the trainer's ratios "
       "use) and takes full weights only; server settings without the server engine do nothing")
@@ -134,6 +135,12 @@ def vllm_server_unsupported(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
         yield Hit("rollout.server.trainer_address", "rollout.server.trainer_address with weight_transfer "
                   f"{ro.server.weight_transfer}: only the gloo transfer connects back to the trainer",
                   "set rollout.server.weight_transfer: gloo (a server on another machine), or remove trainer_address")
+    if ro.server.weight_transfer == "ipc":
+        from rltune.rollout.vllm_ipc import ipc_problem
+
+        problem = ipc_problem(r.trainer.device if r.trainer.device in ("cpu", "cuda") else "cuda", ro.server)
+        if problem:
+            yield Hit("rollout.server.weight_transfer", problem, "set rollout.server.weight_transfer: file")
     if ro.server.devices and ro.server.url:
         yield Hit("rollout.server.devices", "rollout.server.devices with rollout.server.url: an attached server runs "
                   "where it was started", "remove rollout.server.devices (or rollout.server.url, to start one)")

@@ -211,7 +211,7 @@ class RolloutServerCfg(Section):
     max_in_flight: int = F(64, "Generation requests sent at once (one per prompt).", ge=1, le=4096)
     extra_args: list[str] = F([], "More `vllm serve` arguments, e.g. [--max-num-seqs, '128'].")
     devices: Optional[list[int]] = F(None, "Where the started server runs: GPU ids on CUDA (its CUDA_VISIBLE_DEVICES: GPUs the trainer does not use give the separate placement), CPU core ids on a CPU (the server pinned to them, vLLM's OpenMP threads bound there; pin the trainer to the others with taskset); null = the trainer's devices (colocated). docs/async.md, placement.")
-    weight_transfer: Literal["file", "gloo"] = F("file", "How synced weights reach the server: file = safetensors files in /dev/shm (the server on this machine); gloo = a gloo broadcast over TCP from the trainer to the server's workers (a server on another machine: start it with --weight-transfer-config '{\"backend\": \"rltune_gloo\"}'). docs/rollout-server.md.")
+    weight_transfer: Literal["file", "gloo", "ipc"] = F("file", "How synced weights reach the server: file = safetensors files in /dev/shm (the server on this machine); gloo = a gloo broadcast over TCP from the trainer to the server's workers (a server on another machine: start it with --weight-transfer-config '{\"backend\": \"rltune_gloo\"}'); ipc = CUDA IPC handles of the trainer's tensors (vLLM's own ipc backend: a server on the trainer's GPU, no copy through host memory; not yet run on a GPU). docs/rollout-server.md.")
     trainer_address: Optional[str] = F(None, "weight_transfer gloo: the address the server's workers reach the trainer at; null = the address this machine uses to reach the server.")
 
 

@@ -39,6 +39,7 @@ from .base import Sampling
 from .server import NotOurServer, ServerError, ServerProcess, call, free_port, healthy, prove_identity, route_address
 from .server_auth import SECRET_ENV, new_secret, secret_problem
 from .server_checks import check_answer, check_served, parse_version, same_model, served_model
+from .vllm_ipc import ipc_problem, update_info as ipc_update_info
 from .weight_files import sweep_weight_files, weight_file_prefix, weights_dir  # noqa: F401 - the trainer's files
 from .vllm_api import (DEV, RL, installed_api, partial_problem, server_sleeps, token_in_args, token_versions,
                        torch_versions)
@@ -58,6 +59,14 @@ def remote_host(srv) -> str | None:
             host = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
             return None if host.strip() in ("127.0.0.1", "localhost", "::1") or host.startswith("127.") else host
     return srv.host if str(srv.host).strip() in WILDCARD_HOSTS else None
+
+
+def backend_name(transfer: str) -> str:
+    """The --weight-transfer-config backend for rollout.server.weight_transfer: rltune's file and gloo
+    backends (vllm_plugin.py), vLLM's own ipc."""
+    from .vllm_plugin import BACKENDS
+
+    return "ipc" if transfer == "ipc" else BACKENDS[transfer][0]
 
 
 def visible_device(device: str) -> str:
@@ -169,6 +178,8 @@ class VLLMServerRollout:
         # (vLLM's sleep mode, level 1: weights to host memory, KV cache freed), as the in-process engine does
         self.sleep_enabled = server_sleeps(rollout_cfg, self.device)
         self.asleep = False
+        if srv.weight_transfer == "ipc" and ipc_problem(self.device, srv):
+            raise ServerError(ipc_problem(self.device, srv) + "\n  fix: rollout.server.weight_transfer: file")
         if not srv.url and rollout_cfg.asynchronous.partial and partial_problem(self.api):
             raise ServerError(partial_problem(self.api))   # before a server starts for nothing
         t0 = time.perf_counter()
@@ -200,6 +211,8 @@ class VLLMServerRollout:
             self.secret = new_secret()   # in the child's environment, never its argv (world-readable)
             env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", **{SECRET_ENV: self.secret},
                        RLTUNE_WEIGHT_FILES=os.path.join(weights_dir(), weight_file_prefix()))   # the guard's clean-up
+            if srv.weight_transfer == "ipc":   # vLLM unpickles the handles; only this trainer can reach its routes
+                env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
             if own_device and self.device == "cuda":   # several ranks: each rank's server on the rank's GPU
                 env["CUDA_VISIBLE_DEVICES"] = visible_device(str(device))
             if srv.devices:                            # a placement of its own (rollout.server.devices)
@@ -234,13 +247,11 @@ class VLLMServerRollout:
             raise
 
     def _init_transfer(self, init_info: dict) -> None:
-        from .vllm_plugin import BACKENDS
-
         try:
             self._post("/init_weight_transfer_engine", {"init_info": init_info})
         except ServerError as err:
             raise ServerError(f"{err}\n  hint: the server's --weight-transfer-config backend must be "
-                              f"{BACKENDS[self.transfer][0]} for rollout.server.weight_transfer: {self.transfer}") from None
+                              f"{backend_name(self.transfer)} for rollout.server.weight_transfer: {self.transfer}") from None
 
     def _init_gloo(self, trainer_address: str | None) -> None:
         """rltune_gloo: a gloo group of the trainer (rank 0) and the server's workers, rendezvous
@@ -265,12 +276,10 @@ class VLLMServerRollout:
         joined.result()
 
     def _command(self, model_dir: str, srv, port: int, precision: str, seed, trust_remote_code: bool) -> list[str]:
-        from .vllm_plugin import BACKENDS
-
         cmd = [sys.executable, "-m", LAUNCH, "--model", model_dir, "--served-model-name", "policy",
                "--host", srv.host, "--port", str(port), "--dtype", _DTYPES[precision],
                "--seed", str(0 if seed is None else int(seed)), "--max-model-len", str(self.max_model_len),
-               *token_in_args(self.api), "--weight-transfer-config", '{"backend": "%s"}' % BACKENDS[srv.weight_transfer][0],
+               *token_in_args(self.api), "--weight-transfer-config", '{"backend": "%s"}' % backend_name(srv.weight_transfer),
                "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1", "--enable-prefix-caching",
                "--disable-log-stats", "--disable-uvicorn-access-log",
                "--tensor-parallel-size", str(int(self.cfg.tensor_parallel_size))]
@@ -444,8 +453,9 @@ class VLLMServerRollout:
             self._post("/start_weight_update")
             bucket: dict = {}
             size = 0
-            for name, t in weights:
-                bucket[name] = t.detach().to("cpu", copy=True).contiguous()
+            for name, t in weights:   # ipc: a copy on the GPU (a ZeRO-3 gather is released after its turn)
+                bucket[name] = (t.detach().clone() if self.transfer == "ipc"
+                                else t.detach().to("cpu", copy=True).contiguous())
                 size += bucket[name].numel() * bucket[name].element_size()
                 if size >= self.sync_bucket_bytes:
                     self._send_bucket(bucket)
@@ -468,7 +478,11 @@ class VLLMServerRollout:
         return self.last_sync_ms
 
     def _send_bucket(self, tensors: dict) -> None:
-        """One bucket of weights -> one `/update_weights` call (a file, or a gloo broadcast)."""
+        """One bucket of weights -> one `/update_weights` call (a file, a gloo broadcast, or CUDA IPC
+        handles of the bucket's tensors, which live until the call returns)."""
+        if self.transfer == "ipc":
+            self._post("/update_weights", {"update_info": ipc_update_info(tensors)})
+            return
         (self._send_gloo if self.transfer == "gloo" else self._send_file)(tensors)
 
     def _send_gloo(self, tensors: dict) -> None:
