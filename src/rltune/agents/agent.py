@@ -67,6 +67,7 @@ class AgentSession:
         self.env_time_s = 0.0
         self.crashed = False
         self.value = None            # what run() returned
+        self.parts: dict[str, float] = {}   # per-criterion scores: run() returned {"reward", "parts"}
         self.error: BaseException | None = None
         self.waited_s = 0.0          # time spent waiting for the model
 
@@ -85,11 +86,18 @@ class AgentSession:
 
     def reward(self, ended: bool) -> float:
         """The episode's reward: what run() returned; 0.0 when it raised after its episode had
-        ended (a budget reached or abandoned: `ended`) or crashed. EnvError for a non-number."""
+        ended (a budget reached or abandoned: `ended`) or crashed. EnvError for a non-number.
+        run() may also return {"reward": r, "parts": {name: score}}: the parts are logged as
+        `reward/env/NAME` (means over the step's episodes), not added to r."""
         if self.error is not None:
             self.crashed = not ended
             return 0.0
         value = self.value
+        if isinstance(value, dict) and "reward" in value:   # {"reward": r, "parts": {name: score}}
+            parts = value.get("parts") or {}
+            self.parts = {str(k): float(v) for k, v in parts.items() if isinstance(v, numbers.Real)
+                          and not isinstance(v, bool) and math.isfinite(float(v))} if isinstance(parts, dict) else {}
+            value = value["reward"]
         if isinstance(value, (str, bool)) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
             if ended:
                 return 0.0

@@ -161,7 +161,16 @@ def episode_metrics(episodes: list[Episode]) -> dict:
             "episode/untrained_tokens": float(sum(e.untrained for e in episodes)),
             "episode/env_crashes": float(sum(getattr(x, "crashed", False) for x in s)),
             "episode/model_tokens": float(sum(sum(e.trained) for e in episodes)),
-            "episode/env_tokens": float(sum(len(e.trained) - sum(e.trained) for e in episodes))}
+            "episode/env_tokens": float(sum(len(e.trained) - sum(e.trained) for e in episodes)),
+            **_part_sums(s)}
+
+
+def _part_sums(sessions) -> dict:
+    """An agent's per-criterion reward parts (AgentSession.parts), summed: `reward/env/NAME` sums
+    (finish_metrics makes them means); an episode without a part counts 0 for it."""
+    names = sorted({k for x in sessions for k in getattr(x, "parts", None) or {}})
+    return {f"reward/env/{k}": float(sum((getattr(x, "parts", None) or {}).get(k, 0.0) for x in sessions))
+            for k in names}
 
 
 __all__ = ["Episode", "Played", "append_turn", "episode_metrics", "experience", "restart", "sampled",

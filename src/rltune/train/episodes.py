@@ -158,7 +158,9 @@ def finish_metrics(sums: dict, global_sum) -> dict:
             "episode/untrained_tokens": totals["episode/untrained_tokens"] / n,
             "episode/env_crashes": totals["episode/env_crashes"],
             "episode/env_token_frac": totals["episode/env_tokens"] / max(
-                totals["episode/env_tokens"] + totals["episode/model_tokens"], 1.0)}
+                totals["episode/env_tokens"] + totals["episode/model_tokens"], 1.0),
+            # an agent's per-criterion reward parts (a verifiers rubric's), means per episode
+            **{k: v / n for k, v in totals.items() if k.startswith("reward/env/")}}
 
 
 __all__ = ["play", "Played", "finish_metrics", "load_environment"]
