@@ -198,8 +198,9 @@ def open_store(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
                   f"first node listens on every interface; {RULES['open-store'].why.split(': ', 1)[1]}", fix)
     if r.rollout.engine == "vllm-server" and r.rollout.server.weight_transfer == "gloo":
         yield Hit("rollout.server.weight_transfer", "rollout.server.weight_transfer gloo: the trainer's store for "
-                  "the weight broadcast listens on every interface for the whole run; one who joins before the "
-                  "server's workers could take a worker's rank and receive the weights",
+                  "the weight broadcast listens on every interface for the whole run; the group's keys carry a "
+                  "per-run secret (sent to the server over its authenticated init call), so one who reaches the "
+                  "store cannot join the group or read the weights, but can still disturb the rendezvous",
                   fix + "; or weight_transfer: file where the server runs on this machine")
 
 

@@ -35,6 +35,7 @@ class GlooInitInfo(WeightTransferInitInfo):
     rank_offset: int = 1
     world_size: int = 2
     timeout_s: float = 300.0
+    group_key: str = ""      # the run's secret part of the group's keys (sent over the authenticated init call)
 
 
 @dataclass
@@ -46,14 +47,19 @@ class GlooUpdateInfo(WeightTransferUpdateInfo):
     nbytes: int = 0
 
 
-def join_group(address: str, port: int, rank: int, world_size: int, timeout_s: float, is_master: bool):
+def join_group(address: str, port: int, rank: int, world_size: int, timeout_s: float, is_master: bool,
+               key: str = ""):
     """(store, gloo process group) of the trainer and the server's workers; outside any default
-    torch.distributed world (neither side's own group is touched)."""
+    torch.distributed world (neither side's own group is touched). The group's keys in the store
+    carry `key`, a per-run secret the trainer sends in the authenticated init call: the store
+    listens on every interface (torch's TCPStore has no bind address), and one who reaches it but
+    lacks the key cannot take a rank in the group nor read what its members exchange."""
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=float(timeout_s))
     store = dist.TCPStore(address, port, world_size, is_master=is_master, timeout=timeout, wait_for_workers=False)
-    return store, dist.ProcessGroupGloo(dist.PrefixStore(GROUP_PREFIX, store), rank, world_size, timeout)
+    prefix = f"{GROUP_PREFIX}/{key}" if key else GROUP_PREFIX
+    return store, dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world_size, timeout)
 
 
 def broadcast(group, buf: torch.Tensor):
@@ -73,7 +79,8 @@ class GlooWeightTransferEngine(SentOverHTTP, WeightTransferEngine[GlooInitInfo, 
         pc = self.parallel_config
         rank = init_info.rank_offset + pc.data_parallel_index * pc.world_size + pc.rank
         self.store, self.group = join_group(init_info.master_address, init_info.master_port, rank,
-                                            init_info.world_size, init_info.timeout_s, is_master=False)
+                                            init_info.world_size, init_info.timeout_s, is_master=False,
+                                            key=init_info.group_key)
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload

@@ -261,11 +261,14 @@ class VLLMServerRollout:
         workers = int(self._get("/get_world_size").get("world_size") or 1)
         address = trainer_address or route_address(self.base_url)
         port = free_port(address)
+        import secrets
+
+        key = secrets.token_hex(16)   # travels in the authenticated init call, never to the store
         info = {"master_address": address, "master_port": port, "rank_offset": 1, "world_size": workers + 1,
-                "timeout_s": self.timeout_s}
+                "timeout_s": self.timeout_s, "group_key": key}
         joined = self.pool.submit(self._init_transfer, info)   # the workers join while this process does
         try:
-            self.store, self.group = join_group(address, port, 0, workers + 1, self.timeout_s, is_master=True)
+            self.store, self.group = join_group(address, port, 0, workers + 1, self.timeout_s, is_master=True, key=key)
         except Exception as err:  # noqa: BLE001 - a group that never forms: the server's side says why
             if joined.done() and joined.exception() is not None:
                 raise joined.exception() from None
