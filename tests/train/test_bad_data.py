@@ -191,3 +191,23 @@ def test_partial_scan_reads_whole_lines_only(tmp_path):
     c.write_text("prompt,answer\n" + "".join(f'"{i}+1=\nplease",{i + 1}\n' for i in range(300)))
     rows, _ = read_rows(c, str(c), max_bytes=2000)
     assert rows and all(r["prompt"].endswith("please") for r in rows)
+
+
+def test_a_lone_surrogate_escape_in_a_json_prompt_trains_as_the_replacement_character(tmp_path):
+    """JSON's "\\ud800" escapes decode to lone UTF-16 surrogates, which no tokenizer takes (a TypeError
+    at the first step, in prompt, chat message and column alike): the rows carry U+FFFD instead, and a
+    run on such a file trains."""
+    from trainlib import read_metrics, run_cli, tiny_recipe
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "2+2=\\ud800", "answer": "4"}\n'
+                    '{"prompt": [{"role": "user", "content": "1+\\udfff1="}], "answer": "2\\ud83d"}\n' * 4)
+    rows = load_prompts(str(data)).rows
+    assert rows[0]["prompt"] == "2+2=\ufffd" and rows[1]["prompt"][0]["content"] == "1+\ufffd1="
+    assert rows[1]["answer"] == "2\ufffd"
+    path = tiny_recipe(tmp_path, "tiny-grpo.yaml", data__train=str(data), trainer__max_steps=1, trainer__eval_every=0,
+                       rollout__batch_size=8, train__batch_size=8, train__micro_batch_size=8,
+                       lint__waive={"batch-ratio-low": "a one-step run on a tiny file"})
+    res = run_cli("train", path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and len(read_metrics(tmp_path / "run")) == 1

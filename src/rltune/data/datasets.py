@@ -300,6 +300,9 @@ def load_prompts(spec: str, prompt_key: str = "prompt", *, size: int = 2000, dig
 
 
 def _aligned(rows: list[dict]) -> list[dict]:
-    """Every row with every column (a reward function gets each column as an aligned list)."""
+    """Every row with every column (a reward function gets each column as an aligned list), its
+    strings free of lone surrogates (rows.clean_value)."""
+    from .rows import clean_value
+
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    return [r if len(r) == len(keys) else {k: r.get(k) for k in keys} for r in rows]
+    return [clean_value(r if len(r) == len(keys) else {k: r.get(k) for k in keys}) for r in rows]

@@ -25,6 +25,27 @@ class DataError(UserError):
         super().__init__(problem + (f"\n  fix: {fix}" if fix else ""))
 
 
+_SURROGATE = None
+
+
+def clean_value(value):
+    """`value` with each lone UTF-16 surrogate in its strings (JSON's unpaired "\\ud800" escapes) replaced
+    by U+FFFD, through lists and dicts (chat messages): no tokenizer takes them (a TypeError at the
+    first step), and no UTF-8 log either. Linear in the value's size; valid text comes back as it is."""
+    global _SURROGATE
+    if isinstance(value, str):
+        if _SURROGATE is None:
+            import re
+
+            _SURROGATE = re.compile("[\ud800-\udfff]")
+        return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
+    if isinstance(value, list):
+        return [clean_value(v) for v in value]
+    if isinstance(value, dict):
+        return {clean_value(k) if isinstance(k, str) else k: clean_value(v) for k, v in value.items()}
+    return value
+
+
 def _fail(spec: str, where: str, problem: str, fix: str) -> DataError:
     kind = "dataset" if spec.startswith("hf:") else "data file"
     return DataError(f"{kind} {spec}{', ' + where if where else ''}: {problem}", fix)
