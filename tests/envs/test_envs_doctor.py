@@ -26,3 +26,45 @@ def test_doctor_lists_them_without_importing_them():
             "assert not [m for m in mods if m in sys.modules], [m for m in mods if m in sys.modules]")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_the_multi_gpu_smoke_test_meets_through_a_private_file_not_a_tcp_store(monkeypatch):
+    """doctor's NCCL all-reduce on two or more GPUs used a TCPStore, which listens on every interface:
+    its ranks now meet through a file in a private directory (removed after), nothing listening."""
+    import os
+    import queue
+    import stat
+
+    import torch.multiprocessing as mp
+
+    from rltune.commands import doctor
+
+    seen = []
+
+    class FakeProcess:
+        def __init__(self, target, args):
+            self.args = args
+            seen.append(args)
+
+        def start(self):
+            path = self.args[2].removeprefix("file://")
+            seen.append(("mode", stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode)))
+            results.put((self.args[0], float(self.args[1])))
+
+        def join(self, timeout=None):
+            pass
+
+        def is_alive(self):
+            return False
+
+    results = queue.Queue()
+    ctx = type("Ctx", (), {"Queue": staticmethod(lambda: results), "Process": FakeProcess})()
+    monkeypatch.setattr(mp, "get_context", lambda method: ctx)
+    rep = doctor.Report(python="3", platform="x", packages={})
+    rep.devices = [{"kind": "cuda"}, {"kind": "cuda"}]
+    doctor._allreduce_smoke(rep, {})
+    methods = [a[2] for a in seen if len(a) == 4]
+    assert len(methods) == 2 and len(set(methods)) == 1 and methods[0].startswith("file://")
+    assert ("mode", 0o700) in seen
+    assert not os.path.exists(os.path.dirname(methods[0].removeprefix("file://")))   # removed after
+    assert rep.checks[-1].status == "ok"

@@ -424,13 +424,16 @@ def _probe_flash_attn(rep: Report, facts: dict, deep: bool):
     rep.add("flash-attn", "ok", f"flash-attn {v}: attn_implementation auto uses flash_attention_2 on CUDA")
 
 
-def _allreduce_worker(rank: int, world: int, port: int, q):  # pragma: no cover - needs >1 GPU
+def _allreduce_worker(rank: int, world: int, init_method: str, q):  # pragma: no cover - needs >1 GPU
+    import os
+
     import torch
     import torch.distributed as dist
 
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")   # NCCL's own bootstrap on loopback: one machine
     try:
         torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=world)
         x = torch.ones(4, device=f"cuda:{rank}")
         dist.all_reduce(x)
         torch.cuda.synchronize()
@@ -447,16 +450,17 @@ def _allreduce_smoke(rep: Report, facts: dict, timeout: float = 60.0):
         rep.add("all-reduce", "skip", f"{reason}: multi-device all-reduce smoke test not applicable"
                 + (" (CPU runs use gloo, checked by the test suite)" if n == 0 else ""))
         return
-    import socket
+    import shutil
+    import tempfile
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # the rendezvous is a file in a private directory: a TCPStore would listen on every interface
+    private = tempfile.mkdtemp(prefix="rltune-doctor-")
+    init_method = "file://" + os.path.join(private, "rendezvous")
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_allreduce_worker, args=(r, n, port, q)) for r in range(n)]
+    procs = [ctx.Process(target=_allreduce_worker, args=(r, n, init_method, q)) for r in range(n)]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
@@ -471,6 +475,7 @@ def _allreduce_smoke(rep: Report, facts: dict, timeout: float = 60.0):
         p.join(timeout=5)
         if p.is_alive():
             p.kill()
+    shutil.rmtree(private, ignore_errors=True)
     ok = len(results) == n and all(v == float(n) for v in results.values())
     if ok:
         rep.add("all-reduce", "ok", f"NCCL all-reduce over {n} GPUs ({time.perf_counter() - t0:.1f} s)")
