@@ -110,3 +110,33 @@ def test_a_lone_surrogate_is_replaced_by_u_fffd_before_anything_reads_it(proxy, 
     json.dumps(got).encode("utf-8")                                           # encodable: no surrogate left
     out, err = capfd.readouterr()
     assert "Traceback" not in out + err
+
+
+def test_a_client_that_stalls_mid_request_is_cut_and_the_server_goes_on(monkeypatch, capfd):
+    """A client that sends half a request and waits (headers or body) holds a thread of the endpoint:
+    it is cut after READ_TIMEOUT_S, without a line on the console, and good requests are answered."""
+    import time
+
+    from rltune.agents import proxy as proxy_mod
+
+    monkeypatch.setattr(proxy_mod._Handler, "timeout", 0.5)
+    p = ChatProxy(lambda key, body: (200, {"ok": True}))
+    try:
+        stalled = []
+        for partial in (b"POST /e/k/v1/chat/completions HTTP/1.1\r\nHost: x\r\n",          # headers never end
+                        _post(GOOD)[:-5]):                                                  # body never ends
+            s = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+            s.sendall(partial)
+            stalled.append(s)
+        t0 = time.monotonic()
+        for s in stalled:
+            s.settimeout(10)                              # the endpoint closes it (whatever it sends first)
+            while s.recv(65536):
+                pass
+            s.close()
+        assert time.monotonic() - t0 < 5                  # cut at the endpoint's timeout, not the client's 10 s
+        assert _answer(p.port, _post(GOOD))[0] == 200
+    finally:
+        p.close()
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "dropped a request" not in out + err

@@ -36,6 +36,7 @@ from .tools import CLOSE, OPEN, parse_tool_calls
 
 LOG = logging.getLogger("rltune")
 MAX_BODY = 64 << 20          # a request larger than this is refused (413)
+READ_TIMEOUT_S = 300.0   # a stalled client's read (headers or body) ends after this many seconds
 MAX_DEPTH = 64               # JSON nested deeper than this is refused (400): a chat request nests ~10 levels
 MODEL_ID = "policy"
 
@@ -218,6 +219,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
+    timeout = READ_TIMEOUT_S           # a client that stalls mid-request (or idles on a kept-alive connection) is cut
     protocol_version = "HTTP/1.1"
     default_request_version = "HTTP/1.1"   # a request line it cannot read is answered with a status line and headers too
     disable_nagle_algorithm = True     # headers and body are two writes: no 40 ms delayed-ACK wait between them
