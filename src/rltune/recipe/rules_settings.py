@@ -45,7 +45,8 @@ def rollback_no_target(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 @rule("setting-without-effect", "error",
       "trainer.save_merged without model.lora; reward.timeout other than its default without reward.isolate; "
       "rollout.lora_sync adapter without model.lora; logging.mlflow_tracking_uri without logging.mlflow; "
-      "trainer.eval_every on file data without data.eval; rollout.env_isolate without rollout.env; "
+      "trainer.eval_every on file data without data.eval; rollout.env_isolate without rollout.env or with a "
+      "library's environment; rollout.env_args without one; data.options without a library's tasks; "
       "trainer.max_restarts with one process; rollout.asynchronous.partial or on_stale with max_staleness 0",
       "the setting only acts together with another one that is off, so it would be silently ignored")
 def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
@@ -66,6 +67,19 @@ def setting_without_effect(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     if r.rollout.env_isolate and not r.rollout.env:
         yield Hit("rollout.env_isolate", f"rollout.env_isolate true without rollout.env: {why}",
                   "remove rollout.env_isolate, or set rollout.env (docs/agents.md)")
+    from rltune.envs import DATA, ENVS, prefix_of
+
+    library_env = bool(r.rollout.env) and prefix_of(r.rollout.env, ENVS) is not None
+    if r.rollout.env_isolate and library_env:
+        yield Hit("rollout.env_isolate", f"rollout.env_isolate true with {r.rollout.env}: {why} (an OpenEnv "
+                  "environment already runs in a server process of its own; a verifiers environment runs as an "
+                  "agent, in threads of the trainer)", "remove rollout.env_isolate")
+    if r.rollout.env_args and not library_env:
+        yield Hit("rollout.env_args", f"rollout.env_args set without a library's environment in rollout.env: {why}",
+                  "remove rollout.env_args, or set rollout.env: verifiers:NAME or openenv:NAME (docs/agents.md)")
+    if r.data.options and not any(s and prefix_of(s, DATA) for s in (r.data.train, r.data.eval)):
+        yield Hit("data.options", f"data.options set without a library's tasks in data.train or data.eval: {why}",
+                  "remove data.options, or set data.train: reasoning_gym:NAME (docs/agents.md)")
     d = r.data
     if r.trainer.eval_every > 0 and d.eval is None and not generated(d.train):
         yield Hit("trainer.eval_every", f"trainer.eval_every {r.trainer.eval_every} without data.eval: {why} (held-out "
