@@ -57,4 +57,19 @@ def length(prompts, completions, max_chars: int = 200, **_):
     return [max(0.0, 1.0 - len(c) / max_chars) for c in completions]
 
 
-BUILTIN_REWARDS = {"exact_answer": exact_answer, "format": format, "length": length}
+def reasoning_gym(prompts, completions, **columns):
+    """The reasoning-gym dataset's own score_answer (rows of data.train reasoning_gym:NAME; reward/ecosystem.py)."""
+    from .ecosystem import reasoning_gym as score
+
+    return score(prompts, completions, **columns)
+
+
+def math_verify(prompts, completions, **columns):
+    """1.0 when math-verify finds the completion's final answer equal to the row's `answer` (reward/ecosystem.py)."""
+    from .ecosystem import math_verify as score
+
+    return score(prompts, completions, **columns)
+
+
+BUILTIN_REWARDS = {"exact_answer": exact_answer, "format": format, "length": length,
+                   "reasoning_gym": reasoning_gym, "math_verify": math_verify}
