@@ -118,7 +118,12 @@ def _exec_file(spec: str, target: str, base_dir: Path | None):
     if not path.is_file():
         raise EnvError(f"environment file {target} does not exist (from rollout.env: {spec})",
                        "check the path: a relative path is read from the current directory, then the recipe's")
-    mod_name = f"rltune_user_env_{abs(hash(str(path.resolve())))}"
+    return exec_module_file(path, f"rltune_user_env_{abs(hash(str(path.resolve())))}")
+
+
+def exec_module_file(path: Path, mod_name: str):
+    """Import the file at `path` as the module `mod_name`, registered in sys.modules while and after
+    it runs (dataclasses and get_type_hints look it up there); unregistered again when it fails."""
     module_spec = importlib.util.spec_from_file_location(mod_name, path)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[mod_name] = module

@@ -119,14 +119,9 @@ def _taskset_id(name: str, base_dir: Path | None) -> str:
                              "(read from the current directory, then the recipe's)")
     mod_name = f"rltune_vf_{abs(hash(str(path.resolve())))}"
     if mod_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(mod_name, None)
-            raise
+        from ..agents.env import exec_module_file
+
+        exec_module_file(path, mod_name)
     return mod_name
 
 
