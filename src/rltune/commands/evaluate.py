@@ -103,9 +103,9 @@ def _evaluate(recipe, recipe_path: Path, weights: Weights | None, limit: int | N
                 out["after"] = evaluate(c)
         finally:
             c.rollout.close()
-            stop_env = getattr(c.env[0], "rltune_stop", None) if c.env else None
-            if stop_env is not None:   # a library environment's child server (rltune/envs)
-                stop_env()
+            from ..train.episodes import close_environment
+
+            close_environment(c.env)   # a library environment's child server (rltune/envs)
     return out
 
 

@@ -180,8 +180,9 @@ class VLLMServerRollout:
         self.asleep = False
         if srv.weight_transfer == "ipc" and ipc_problem(self.device, srv):
             raise ServerError(ipc_problem(self.device, srv) + "\n  fix: rollout.server.weight_transfer: file")
-        if not srv.url and rollout_cfg.asynchronous.partial and partial_problem(self.api):
-            raise ServerError(partial_problem(self.api))   # before a server starts for nothing
+        problem = partial_problem(self.api) if rollout_cfg.asynchronous.partial and not srv.url else None
+        if problem:
+            raise ServerError(problem)   # before a server starts for nothing
         t0 = time.perf_counter()
         if srv.url:
             from urllib.parse import urlsplit

@@ -57,6 +57,14 @@ def load_environment(recipe, tokenizer, recipe_dir: Path):
     return cls, Renderer(tokenizer, tool_schemas(cls) if kind_of(cls) == "tools" else None)
 
 
+def close_environment(env) -> None:
+    """End what the loaded environment started for the run (`load_environment`'s result, or None):
+    a library environment's child server (rltune/envs: the class's `rltune_stop`)."""
+    stop = getattr(env[0], "rltune_stop", None) if env else None
+    if stop is not None:
+        stop()
+
+
 def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> Played:
     """`n` episodes of every row, to their end; see the module docstring for the turns."""
     from ..agents.env import Session, gives_reward

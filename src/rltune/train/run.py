@@ -184,9 +184,9 @@ def _train(recipe, recipe_path, resume, allow_recipe_change, quiet, command, ove
         if run.c.pipeline is not None:
             run.c.pipeline.close()
         run.c.rollout.close()   # a rollout server ends with the run, not with the process
-        stop_env = getattr(run.c.env[0], "rltune_stop", None) if run.c.env else None
-        if stop_env is not None:   # a library environment's child server (rltune/envs) ends with the run too
-            stop_env()
+        from .episodes import close_environment
+
+        close_environment(run.c.env)   # a library environment's child server ends with the run too
     if exit_code == EXIT_INTERRUPTED:
         LOG.warning("interrupted at step %d; resume with: %s", run.step, run.hint)
     return exit_code
