@@ -117,7 +117,8 @@ def _report(result: dict, recipe_path: str, model: str | None, recipe, as_json: 
         out = {"recipe": str(recipe_path), "policy": recipe.model.policy, "model": model, "engine": result["engine"],
                "prompts": before.prompts, "before": before.reward, "after": after.reward if after else None,
                "before_parts": before.parts, "after_parts": after.parts if after else None,
-               "before_episode": before.episode, "after_episode": after.episode if after else None}
+               "before_episode": before.episode, "after_episode": after.episode if after else None,
+               "before_env": before.env, "after_env": after.env if after else None}
         print(json.dumps(out))
         return
     weights = reward_weights(recipe)

@@ -331,8 +331,9 @@ def explained_variance(values, returns, mask) -> float:
 @torch.no_grad()
 def evaluate(c: Components):
     """Mean reward of greedy answers on the held-out prompts, and the mean of each reward source
-    before weighting (an EvalScore; no training state touched)."""
-    from .progress import EvalScore
+    before weighting (an EvalScore; no training state touched); with rollout.env, the episodes'
+    turns and tool calls, and the environment's own reward parts (`reward/env/NAME` means)."""
+    from .progress import EvalScore, env_parts
 
     if c.eval_set is None:
         return EvalScore(float("nan"))
@@ -363,13 +364,14 @@ def evaluate(c: Components):
         for spec, values in res.raw.items():
             parts.setdefault(spec, []).extend(values)
     mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
-    episode = {}
+    episode, env = {}, {}
     if sums:   # every rank plays every eval row: this rank's sums are the eval's
         from .episodes import finish_metrics
 
         done = finish_metrics(sums, lambda xs: xs)
         episode = {k: done[f"episode/{k}"] for k in ("turns_mean", "tool_calls_mean")}
-    return EvalScore(mean(scores), {spec: mean(v) for spec, v in parts.items()}, len(scores), episode)
+        env = env_parts(done)
+    return EvalScore(mean(scores), {spec: mean(v) for spec, v in parts.items()}, len(scores), episode, env)
 
 
 def apply_knobs(c: Components, knobs: Knobs) -> None:

@@ -3,7 +3,8 @@
 - the start-up block: run directory, batch plan, sampling settings, rollout engine and why;
 - a line when the first step starts (a step can take minutes: no silent gap);
 - one line per step (every `logging.log_every`): the grep-able `[Rollout] step=N avg_reward=..
-  kl=..`, then step/total, seconds per step and the ETA, then the reward's weighted parts;
+  kl=..`, then step/total, seconds per step and the ETA, then the reward's weighted parts and
+  the environment's own reward parts (`reward/env/NAME`, an agent's or a verifiers rubric's);
 - a Rich progress bar (step/total, s/step, ETA, reward, KL) where the console is a terminal;
 - every eval result with the reward broken into its parts.
 
@@ -24,16 +25,19 @@ from ..monitor.advice import fmt
 @dataclass
 class EvalScore:
     """The mean eval reward and its parts (`spec` -> mean score before weighting); with
-    rollout.env, `episode` holds the greedy episodes' `turns_mean` and `tool_calls_mean`."""
+    rollout.env, `episode` holds the greedy episodes' `turns_mean` and `tool_calls_mean`, and
+    `env` the environment's own reward parts (NAME -> mean per episode, `reward/env/NAME`)."""
     reward: float
     parts: dict = field(default_factory=dict)
     prompts: int = 0
     episode: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
 
     def metrics(self, prefix: str = "eval/reward") -> dict:
         """`eval/reward` and one `eval/reward/<spec>` per part (as `reward/<spec>` in training);
-        `eval/episode/<name>` for episodes."""
+        `eval/reward/env/NAME` per environment part; `eval/episode/<name>` for episodes."""
         return ({prefix: self.reward} | {f"{prefix}/{spec}": v for spec, v in self.parts.items()}
+                | {f"{prefix}/env/{k}": v for k, v in self.env.items()}
                 | {f"eval/episode/{k}": v for k, v in self.episode.items()})
 
 
@@ -61,22 +65,40 @@ def parts_text(parts: dict, weights: dict) -> str:
     return ", ".join(f"{part_name(spec)} {v:.3f} x{fmt(float(weights.get(spec, 1.0)))}" for spec, v in parts.items())
 
 
+ENV_PARTS_SHOWN = 6   # on one line; the rest are counted (`+K more`), all are in metrics.jsonl
+
+
+def env_parts_text(parts: dict) -> str:
+    """`digits 0.410, short 0.770` (an environment's parts, by name; after 6, `+K more`)."""
+    names = sorted(parts)
+    text = ", ".join(f"{k} {parts[k]:.3f}" for k in names[:ENV_PARTS_SHOWN])
+    return text + (f" +{len(names) - ENV_PARTS_SHOWN} more" if len(names) > ENV_PARTS_SHOWN else "")
+
+
+def env_parts(m: dict) -> dict:
+    """NAME -> value of the `reward/env/NAME` keys of a metrics dict."""
+    return {k[len("reward/env/"):]: v for k, v in m.items() if k.startswith("reward/env/")}
+
+
 def worth_splitting(weights: dict) -> bool:
     """A reward with one source of weight 1 is its own part: nothing to break down."""
     return len(weights) > 1 or any(w != 1.0 for w in weights.values())
 
 
 def eval_line(label: str, score: EvalScore, weights: dict) -> str:
-    """`eval at step 10: reward 1.000 (exact_answer 0.000 x1.0, format 1.000 x0.5) on 32 held-out prompts`."""
+    """`eval at step 10: reward 1.000 (exact_answer 0.000 x1.0, format 1.000 x0.5) on 32 held-out prompts`;
+    with episodes `; per episode 1.00 turns, 0.00 tool calls`, then `; env: digits 0.410, short 0.770`."""
     parts = f" ({parts_text(score.parts, weights)})" if score.parts and worth_splitting(weights) else ""
     ep = score.episode
     episodes = (f"; per episode {ep['turns_mean']:.2f} turns, {ep['tool_calls_mean']:.2f} tool calls"
                 if {"turns_mean", "tool_calls_mean"} <= set(ep) else "")
-    return f"eval {label}: reward {score.reward:.3f}{parts} on {score.prompts} held-out prompts{episodes}"
+    env = f"; env: {env_parts_text(score.env)}" if score.env else ""
+    return f"eval {label}: reward {score.reward:.3f}{parts} on {score.prompts} held-out prompts{episodes}{env}"
 
 
 def final_eval_lines(before: EvalScore, after: EvalScore, weights: dict) -> list[str]:
-    """The before -> after summary, then each part's before -> after when there are several."""
+    """The before -> after summary, then each part's before -> after when there are several, the
+    episodes' tool calls and turns, and each environment part's (`  env/digits: before ..`)."""
     lines = [f"eval reward on {after.prompts} held-out prompts: before {before.reward:.3f} -> after {after.reward:.3f}"]
     if worth_splitting(weights):
         for spec, v in after.parts.items():
@@ -85,6 +107,9 @@ def final_eval_lines(before: EvalScore, after: EvalScore, weights: dict) -> list
     for key, label in (("tool_calls_mean", "tool calls"), ("turns_mean", "turns")):
         if key in before.episode and key in after.episode:
             lines.append(f"  {label} per episode: before {before.episode[key]:.2f} -> after {after.episode[key]:.2f}")
+    for name in sorted(after.env):   # a resumed run's eval before, from an older checkpoint, may lack them
+        b = before.env.get(name, float("nan"))
+        lines.append(f"  env/{name}: before {b:.3f} -> after {after.env[name]:.3f}")
     return lines
 
 
@@ -145,12 +170,15 @@ def fixed(x: float, digits: int = 4) -> str:
 
 def step_line(step: int, m: dict, clock: StepClock, weights: dict) -> str:
     """`[Rollout] step=3 avg_reward=0.5200 kl=0.0040 | 3/10 steps, 31.2 s/step, ETA 3m38s | parts:
-    exact_answer 0.125 x1.0, format 0.812 x1.0` (`[Rollout] step=.. avg_reward=.. kl=..` is a
-    documented grep target: keep its keys and their order)."""
+    exact_answer 0.125 x1.0, format 0.812 x1.0 | env: digits 0.410, short 0.770` (`[Rollout] step=..
+    avg_reward=.. kl=..` is a documented grep target: keep its keys and their order)."""
     line = f"[Rollout] step={step} avg_reward={fixed(m['reward/mean'])} kl={fixed(m['kl'])} | {clock.text()}"
     parts = {spec: m[f"reward/{spec}"] for spec in weights if f"reward/{spec}" in m}
     if parts and worth_splitting(weights):
         line += f" | parts: {parts_text(parts, weights)}"
+    env = env_parts(m)
+    if env:   # the environment's own parts of reward/env (means per episode)
+        line += f" | env: {env_parts_text(env)}"
     if "rollout/groups_generated" in m:   # dynamic sampling: what the batch cost
         line += (f" | groups kept {m['rollout/groups_kept']:.0f}/{m['rollout/groups_generated']:.0f} "
                  f"in {m['rollout/gen_calls']:.0f} calls")

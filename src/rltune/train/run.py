@@ -421,7 +421,8 @@ def _ready(run: Run, state: dict | None) -> None:
         if state.get("eval_start") is not None:
             run.eval_start = pg.EvalScore(state["eval_start"], state.get("eval_start_parts") or {},
                                           len(c.eval_set) if c.eval_set is not None else 0,
-                                          _floats(state.get("eval_start_episode")))
+                                          _floats(state.get("eval_start_episode")),
+                                          _floats(state.get("eval_start_env")))   # absent in older checkpoints
     if run.dist.is_main:
         for line in pg.startup_lines(c, run.run_dir, run.start if state is not None else None):
             LOG.info("%s", line)
@@ -507,7 +508,8 @@ def _finish(c, run_dir: Path, step: int, fresh: bool, eval_start, hint: str, fin
                                                            "before_parts": eval_start.parts,
                                                            "after_parts": final.parts,
                                                            "before_episode": eval_start.episode,
-                                                           "after_episode": final.episode}))
+                                                           "after_episode": final.episode,
+                                                           "before_env": eval_start.env, "after_env": final.env}))
     if not redo and not need_eval:
         LOG.info("the run in %s already finished at step %d (trainer.max_steps %d): nothing to do; "
                  "raise trainer.max_steps to continue, or use --resume never to start over",

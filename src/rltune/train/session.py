@@ -108,6 +108,7 @@ def save(run: Run, step: int) -> None:
              "eval_start": eval_start.reward if eval_start is not None else None,
              "eval_start_parts": eval_start.parts if eval_start is not None else None,
              "eval_start_episode": eval_start.episode if eval_start is not None else None, "good": run.step_ok,
+             "eval_start_env": eval_start.env if eval_start is not None else None,
              "monitor": monitor.state_dict() if monitor is not None else None,
              "autotune": tuner.state_dict() if tuner is not None else None}
     inflight = None
