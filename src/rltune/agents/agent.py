@@ -68,6 +68,7 @@ class AgentSession:
         self.crashed = False
         self.value = None            # what run() returned
         self.parts: dict[str, float] = {}   # per-criterion scores: run() returned {"reward", "parts"}
+        self.metrics: dict[str, float] = {}  # measured, not rewarded: run() returned {"reward", "metrics"}
         self.error: BaseException | None = None
         self.waited_s = 0.0          # time spent waiting for the model
 
@@ -87,16 +88,15 @@ class AgentSession:
     def reward(self, ended: bool) -> float:
         """The episode's reward: what run() returned; 0.0 when it raised after its episode had
         ended (a budget reached or abandoned: `ended`) or crashed. EnvError for a non-number.
-        run() may also return {"reward": r, "parts": {name: score}}: the parts are logged as
-        `reward/env/NAME` (means over the step's episodes), not added to r."""
+        run() may also return {"reward": r, "parts": {name: score}, "metrics": {name: value}}: the
+        parts are logged as `reward/env/NAME`, the metrics (measured, not rewarded: verifiers'
+        `@vf.metric`) as `env/metric/NAME` (means over the step's episodes); neither is added to r."""
         if self.error is not None:
             self.crashed = not ended
             return 0.0
         value = self.value
         if isinstance(value, dict) and "reward" in value:   # {"reward": r, "parts": {name: score}}
-            parts = value.get("parts") or {}
-            self.parts = {str(k): float(v) for k, v in parts.items() if isinstance(v, numbers.Real)
-                          and not isinstance(v, bool) and math.isfinite(float(v))} if isinstance(parts, dict) else {}
+            self.parts, self.metrics = _numbers(value.get("parts")), _numbers(value.get("metrics"))
             value = value["reward"]
         if isinstance(value, (str, bool)) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
             if ended:
@@ -113,6 +113,14 @@ class AgentSession:
         frames = traceback.extract_tb(err.__traceback__) if err is not None else []
         where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
         return f"{type(err).__name__}: {str(err)[:300]}{where}"
+
+
+def _numbers(d) -> dict[str, float]:
+    """The finite numbers of a {name: value} mapping (anything else is left out)."""
+    if not isinstance(d, dict):
+        return {}
+    return {str(k): float(v) for k, v in d.items()
+            if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))}
 
 
 async def _with_client(fn, client, row):

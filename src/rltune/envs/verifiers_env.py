@@ -17,7 +17,8 @@ such as rltune's examples `rltune.envs.verifiers_examples.digits`), or a file `p
   exports one, else rltune's in-process chat harness (verifiers_examples/chat.py: verifiers' own
   harnesses are `uv` programs, which cannot be prepared offline).
 - reward: the trace's rewards (the Task's `@vf.reward` methods and judges), weighted as verifiers
-  weighs them; each criterion's score is returned as a reward part (`reward/env/NAME`).
+  weighs them; each criterion's score is returned as a reward part (`reward/env/NAME`), each
+  `@vf.metric` value as a metric (`env/metric/NAME`).
 
 `rollout.env_args` is merged onto the verifiers env config (its `[env]` block: `taskset`, `agent`,
 `timeout`, ...): rltune sets `taskset.id` = NAME, the agent's runtime `subprocess` and the
@@ -135,6 +136,9 @@ def _merge(base: dict, over: dict) -> dict:
 def _load(name: str, args: dict, base_dir: Path | None):
     """(vf, the verifiers Env) for NAME with `args` merged onto rltune's defaults."""
     vf = _import_vf()
+    from .verifiers_tools import install
+
+    install()                       # tool servers start behind rltune's guard
     try:
         tid = _taskset_id(name, base_dir)
         from verifiers.v1.utils.loaders import default_harness_id, environment_class, taskset_class
@@ -228,12 +232,16 @@ def load_env(name: str, args: dict, base_dir: Path | None):
             raise VerifiersError(_line(name, f"{e.type}: {(e.message or '').strip().splitlines()[0][:300] if e.message else ''}",
                                        "fix the environment's code named in the message (or its rollout.env_args)"))
         parts: dict[str, float] = {}
-        for t in traces:
+        metrics: dict[str, float] = {}
+        for t in result.traces:
             for key, r in t.rewards.items():
                 if r is not None and math.isfinite(r.score):
                     parts[key] = parts.get(key, 0.0) + float(r.score)
+            for key, v in t.metrics.items():          # @vf.metric: measured, not rewarded
+                if v is not None and math.isfinite(v):
+                    metrics[key] = metrics.get(key, 0.0) + float(v)
         reward = sum(t.reward for t in traces)
-        return {"reward": float(reward), "parts": parts}
+        return {"reward": float(reward), "parts": parts, "metrics": metrics}
 
     run.__qualname__ = f"verifiers:{name}"
     run.vf_env = env

@@ -166,11 +166,15 @@ def episode_metrics(episodes: list[Episode]) -> dict:
 
 
 def _part_sums(sessions) -> dict:
-    """An agent's per-criterion reward parts (AgentSession.parts), summed: `reward/env/NAME` sums
-    (finish_metrics makes them means); an episode without a part counts 0 for it."""
-    names = sorted({k for x in sessions for k in getattr(x, "parts", None) or {}})
-    return {f"reward/env/{k}": float(sum((getattr(x, "parts", None) or {}).get(k, 0.0) for x in sessions))
-            for k in names}
+    """An agent's per-criterion reward parts (AgentSession.parts) and metrics (.metrics), summed:
+    `reward/env/NAME` and `env/metric/NAME` sums (finish_metrics makes them means); an episode
+    without one counts 0 for it."""
+    out = {}
+    for attr, prefix in (("parts", "reward/env/"), ("metrics", "env/metric/")):
+        names = sorted({k for x in sessions for k in getattr(x, attr, None) or {}})
+        out.update({f"{prefix}{k}": float(sum((getattr(x, attr, None) or {}).get(k, 0.0) for x in sessions))
+                    for k in names})
+    return out
 
 
 __all__ = ["Episode", "Played", "append_turn", "episode_metrics", "experience", "restart", "sampled",

@@ -167,8 +167,8 @@ def finish_metrics(sums: dict, global_sum) -> dict:
             "episode/env_crashes": totals["episode/env_crashes"],
             "episode/env_token_frac": totals["episode/env_tokens"] / max(
                 totals["episode/env_tokens"] + totals["episode/model_tokens"], 1.0),
-            # an agent's per-criterion reward parts (a verifiers rubric's), means per episode
-            **{k: v / n for k, v in totals.items() if k.startswith("reward/env/")}}
+            # an agent's per-criterion reward parts (a verifiers rubric's) and metrics, means per episode
+            **{k: v / n for k, v in totals.items() if k.startswith(("reward/env/", "env/metric/"))}}
 
 
 __all__ = ["play", "Played", "finish_metrics", "load_environment"]
