@@ -308,3 +308,27 @@ def test_a_pad_sampled_mid_answer_is_shown_to_the_reward_and_never_scores_higher
     total = [a + f for a, f in zip(exact_answer(None, texts, answers), format(None, texts))]
     assert total[0] == 2.0
     assert total[1] < total[0] and total[2] < total[0]
+
+
+def test_draw_keys_are_the_same_on_any_world_size_and_after_a_resume():
+    """The draw keys seed server requests (rollout.base.request_seeds): a prompt drawn at the same
+    place of the run's prompt stream gets the same key on 1 rank or 2, and after a resume."""
+    from rltune.data.sampler import PromptSampler
+    from rltune.rollout.base import request_seeds
+
+    one = PromptSampler(6, 4, seed=3, drop_last=False)
+    two = [PromptSampler(6, 2, seed=3, drop_last=False, rank=r, world_size=2) for r in range(2)]
+    for _ in range(4):                                     # past two epoch ends
+        rows = one.next_batch()
+        keys = one.last_keys
+        assert [i for s in two for i in s.next_batch()] == rows
+        assert [k for s in two for k in s.last_keys] == keys
+        assert len(set(keys)) == 4
+    resumed = PromptSampler(6, 4, seed=3, drop_last=False)
+    resumed.load_state_dict(one.state_dict())
+    one.next_batch()
+    resumed.next_batch()
+    assert resumed.last_keys == one.last_keys == [16, 17, 18, 19]      # epoch 2, positions 4, 5, then epoch 3
+    seeds = request_seeds(3, [0, 1, 2, 0])
+    assert seeds[0] == seeds[3] and len(set(seeds[:3])) == 3 and max(seeds) < 2 ** 56
+    assert request_seeds(4, [0]) != request_seeds(3, [0])

@@ -34,6 +34,7 @@ class PromptSampler:
         self.rank, self.world = rank, world_size
         self.epoch, self.cursor = 0, 0
         self._order = self._permutation()
+        self.last_keys: list[int] = []   # the draws of the last next_batch (this rank's share): see draw_key
 
     def _permutation(self) -> list[int]:
         order = list(range(self.n))
@@ -57,13 +58,23 @@ class PromptSampler:
         if self.drop_last and self.cursor + global_bs > self.n:
             self._next_epoch()
         chunk: list[int] = []
+        keys: list[int] = []
         while len(chunk) < global_bs:
             if self.cursor >= self.n:
                 self._next_epoch()
             take = self._order[self.cursor:self.cursor + global_bs - len(chunk)]
             chunk += take
+            keys += [self.draw_key(self.epoch, self.cursor + i) for i in range(len(take))]
             self.cursor += len(take)
-        return chunk[self.rank * self.bs:(self.rank + 1) * self.bs]
+        mine = slice(self.rank * self.bs, (self.rank + 1) * self.bs)
+        self.last_keys = keys[mine]
+        return chunk[mine]
+
+    def draw_key(self, epoch: int, position: int) -> int:
+        """A number for one draw of the run's prompt stream (epoch, position in that epoch's
+        order): the same for the same draw on any rank and world size, after a resume too. The
+        server engine seeds each request from it (rollout/vllm_server.py, request_seeds)."""
+        return epoch * self.n + position
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed, "n": self.n}

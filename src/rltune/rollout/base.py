@@ -16,6 +16,7 @@ class Sampling:
     stop: tuple[str, ...] = field(default_factory=tuple)
     greedy: bool = False            # eval: argmax decoding
     min_new_tokens: int = 0         # `train --dry-run`: no response ends before this (EOS held back)
+    seeds: tuple[int, ...] = ()     # one per prompt: a request's sampling seed (server engines); () = the engine's RNG
 
     @property
     def logprob_temperature(self) -> float:
@@ -27,6 +28,17 @@ class Sampling:
         return cls(n=n, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
                    top_k=rollout_cfg.top_k, max_new_tokens=rollout_cfg.max_new_tokens,
                    stop=tuple(rollout_cfg.stop), greedy=greedy or not rollout_cfg.do_sample)
+
+
+def request_seeds(seed: int, keys: list[int]) -> tuple[int, ...]:
+    """Each prompt's sampling seed from the run's seed and its draw key (PromptSampler.draw_key):
+    what a request samples then depends on neither the order requests reach a server nor which
+    server (or rank) serves them. < 2**56, so a server's per-sample seeds (seed + sample index)
+    stay in int64."""
+    import hashlib
+
+    return tuple(int.from_bytes(hashlib.blake2b(f"{int(seed)}:{int(k)}".encode(), digest_size=7).digest(), "big")
+                 for k in keys)
 
 
 class RolloutEngine(Protocol):

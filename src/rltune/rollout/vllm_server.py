@@ -413,10 +413,15 @@ class VLLMServerRollout:
                              "or lower data.max_prompt_length")
         self.wake_up()
         params = self._params(sampling)
+        seeds = sampling.seeds if len(sampling.seeds) == len(prompt_ids) and not sampling.greedy else None
         sent_version = self.version
         answers = list(self.pool.map(
-            lambda p: self._post("/inference/v1/generate", {"token_ids": [int(t) for t in p], "sampling_params": params}),
-            prompt_ids))
+            lambda i: self._post("/inference/v1/generate", {
+                "token_ids": [int(t) for t in prompt_ids[i]],
+                # seeded from the prompt's draw (sample j: seed + j, vLLM's n > 1): the same samples
+                # whatever order the requests arrive in and whichever server takes them
+                "sampling_params": params if seeds is None else {**params, "seed": int(seeds[i])}}),
+            range(len(prompt_ids))))
         rows: list[tuple[list[int], list[float]]] = []
         versions: list[list[int]] = []
         for answer in answers:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from ..algo import groups_with_signal, overlong_penalty, truncated_rows
-from ..rollout.base import Sampling
+from ..rollout.base import Sampling, request_seeds
 from ..rollout.experience import Experience
 from .collective import global_max, global_sum
 from .console import LOG
@@ -95,12 +95,16 @@ def rollout_phase(c, calls: int) -> Scored:
     this rank's share), sampled in one `generate` call: the weights do not change in between, and
     each engine bounds its own memory (hf: chunks of rollout.batch_size sequences; vLLM: its
     scheduler within the KV cache). Scores are not filled yet."""
-    drawn = [c.train_set.rows[i] for _ in range(calls) for i in c.sampler.next_batch()]
-    return generate_rows(c, drawn)
+    drawn, keys = [], []
+    for _ in range(calls):
+        drawn += [c.train_set.rows[i] for i in c.sampler.next_batch()]
+        keys += getattr(c.sampler, "last_keys", None) or []
+    return generate_rows(c, drawn, keys if len(keys) == len(drawn) else None)
 
 
-def generate_rows(c, drawn: list[dict]) -> Scored:
-    """Step 1 for the given dataset rows: group_size samples of each, prompt-major."""
+def generate_rows(c, drawn: list[dict], keys: list[int] | None = None) -> Scored:
+    """Step 1 for the given dataset rows: group_size samples of each, prompt-major. `keys` (the
+    rows' draw keys) seed each prompt's request on a server engine (rollout.base.request_seeds)."""
     r, tok = c.recipe, c.tokenizer
     n = r.algorithm.group_size
     if c.env is not None:   # rollout.env: episodes, turn by turn (episodes.py)
@@ -114,7 +118,10 @@ def generate_rows(c, drawn: list[dict]) -> Scored:
         prompts += [prompt_text(row, c.train_set.prompt_key)] * n
         conversations += [prompt_messages(row, c.train_set.prompt_key, r.data)] * n
         rows += [row] * n
-    exp = c.rollout.generate(ids, Sampling.from_recipe(r.rollout, n))
+    sampling = Sampling.from_recipe(r.rollout, n)
+    if keys is not None:
+        sampling = replace(sampling, seeds=request_seeds(c.sampler.seed, keys))
+    exp = c.rollout.generate(ids, sampling)
     c.rollout.sleep()  # free rollout memory while training (GPU vLLM; a no-op elsewhere)
     return Scored(exp, prompts, decode(tok, exp, c.rollout), rows, conversations)
 
