@@ -156,6 +156,18 @@ def test_a_multi_turn_episode_masks_the_environments_turns_and_scores_the_game()
     assert ep.metrics["episode/turns"] == want and ep.metrics["reward/env/number"] == 2.0
 
 
+def test_an_episode_rltune_ended_is_scored_over_the_turns_it_played():
+    """max_turns 1: the game asks for a second turn, rltune's endpoint ends the episode, and verifiers
+    skips its scoring after the failed turn; rltune scores the trace as played (it did not: 0, no parts)."""
+    from rltune.data.datasets import load_prompts
+
+    rows = [r for r in load_prompts(f"verifiers:{GUESS}").rows if r["vf_task"]["target"] > 2][:2]
+    c, ep = _play(GUESS, rows, lambda prompt: "1", max_turns=1)
+    assert ep.env_scores == [pytest.approx(0.5 * 1.0)] * 2       # found 0, number 1 (its one turn a bare number)
+    assert ep.metrics["reward/env/number"] == 2.0 and ep.metrics["reward/env/found"] == 0.0
+    assert ep.metrics["episode/env_crashes"] == 0 and ep.metrics["episode/truncated"] == 2
+
+
 def test_a_verifiers_error_is_one_line_naming_verifiers_the_environment_and_a_fix(tmp_path, caplog):
     env = tmp_path / "broken_env.py"
     env.write_text((ROOT / "src/rltune/envs/verifiers_examples/digits.py").read_text().replace(

@@ -160,6 +160,12 @@ def _load(name: str, args: dict, base_dir: Path | None):
                                    "check the environment module and rollout.env_args (verifiers' env config)")) from err
 
 
+def _ended(errors) -> bool:
+    """An error of an episode rltune's recording endpoint ended (max_turns, max_episode_tokens, a
+    turn cut at max_new_tokens): the episode is over, not broken."""
+    return any(any(k in (e.message or "") for k in ENDED) for e in errors)
+
+
 def _first(err) -> str:
     text = str(err).strip().splitlines()
     return (text[0] if text else "")[:300]
@@ -220,14 +226,22 @@ def load_env(name: str, args: dict, base_dir: Path | None):
             mine = copy.copy(env)            # serving() keeps its resources on the instance
         ctx = vf.ModelContext(model="policy", client=vf.EvalClientConfig(
             base_url=str(client.base_url).rstrip("/"), api_key_var="RLTUNE_VF_UNUSED"))
+        task = task_of(row)
         async with mine.serving():
-            return await mine.run_episode(task_of(row), ctx)
+            result = await mine.run_episode(task, ctx)
+        if _ended(result.errors) or any(_ended(t.errors) for t in result.traces):
+            # rltune ended the episode (a bound): verifiers skips its scoring after the failed
+            # turn; the turns played are scored here (signals that need the runtime are skipped)
+            for trace in result.traces:
+                if not trace.rewards:
+                    await task.score(trace)
+        return result
 
     def run(client, row):
         result = asyncio.run(episode(client, row))
         traces = [t for t in result.traces if t.rewards]
         errors = list(result.errors) + [e for t in result.traces for e in t.errors]
-        if errors and not any(any(k in (e.message or "") for k in ENDED) for e in errors):
+        if errors and not _ended(errors):
             e = errors[0]
             raise VerifiersError(_line(name, f"{e.type}: {(e.message or '').strip().splitlines()[0][:300] if e.message else ''}",
                                        "fix the environment's code named in the message (or its rollout.env_args)"))
