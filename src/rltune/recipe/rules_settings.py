@@ -163,6 +163,39 @@ def vllm_server_unsupported(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
                   "full (merged) weights only", "set rollout.lora_sync: merged, or rollout.engine: vllm")
 
 
+@rule("server-fleet", "error",
+      "rollout.server.urls with url or replicas > 1; rollout.server.devices with urls, or not in equal shares "
+      "for rollout.server.replicas; a fleet (replicas > 1 or urls) with trainer.nproc > 1 or generation ahead "
+      "(rollout.asynchronous.max_staleness >= 1)",
+      "a fleet is either started (replicas, each on its share of devices) or attached (urls); one fleet for "
+      "several training processes, and generation ahead through a fleet, are not built yet")
+def server_fleet(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
+    ro, srv = r.rollout, r.rollout.server
+    if ro.engine != "vllm-server" or (srv.replicas == 1 and not srv.urls):
+        return
+    if srv.urls and srv.url:
+        yield Hit("rollout.server.urls", "rollout.server.urls with rollout.server.url: one attaches to a fleet, the "
+                  "other to one server", "put every server in urls and remove url")
+    if srv.urls and srv.replicas > 1:
+        yield Hit("rollout.server.replicas", f"rollout.server.replicas {srv.replicas} with rollout.server.urls: "
+                  "replicas are servers rltune starts, urls servers it attaches to", "remove one of them")
+    if srv.devices and srv.urls:
+        yield Hit("rollout.server.devices", "rollout.server.devices with rollout.server.urls: attached servers run "
+                  "where they were started", "remove rollout.server.devices")
+    elif srv.devices and len(srv.devices) % srv.replicas:
+        yield Hit("rollout.server.devices", f"{len(srv.devices)} rollout.server.devices cannot be split into "
+                  f"{srv.replicas} equal shares (one per replica)",
+                  f"list a multiple of {srv.replicas} devices, or set replicas to a divisor of {len(srv.devices)}")
+    if r.trainer.nproc > 1:
+        yield Hit("rollout.server.replicas" if not srv.urls else "rollout.server.urls",
+                  f"a fleet with trainer.nproc {r.trainer.nproc}: one fleet shared by several training processes is "
+                  "not built yet", "trainer.nproc: 1 with the fleet, or replicas: 1 without urls (each rank then "
+                  "starts its own server)")
+    if ro.asynchronous.max_staleness > 0:
+        yield Hit("rollout.asynchronous.max_staleness", "generation ahead through a fleet is not built yet",
+                  "rollout.asynchronous.max_staleness: 0 with the fleet, or one server (replicas: 1, url)")
+
+
 @rule("server-remote-access", "error",
       "rollout.server.host 0.0.0.0 / :: (or --host in rollout.server.extra_args) without "
       "rollout.server.allow_remote: true (a warning with it); rollout.server.url without rollout.server.secret_env "
@@ -175,9 +208,10 @@ def server_remote_access(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     if ro.engine != "vllm-server":
         return
     srv = ro.server
-    if srv.url:
+    if srv.url or srv.urls:
         if not srv.secret_env:
-            yield Hit("rollout.server.secret_env", f"rollout.server.url {srv.url} without rollout.server.secret_env: "
+            yield Hit("rollout.server.secret_env", f"rollout.server.url{'s' if srv.urls else ''} "
+                      f"{srv.url or ', '.join(srv.urls)} without rollout.server.secret_env: "
                       "the trainer sends weights and prompts to whatever answers there, unauthenticated",
                       "start the server with rltune's launcher and a secret (docs/rollout-server.md, attaching) and set "
                       "rollout.server.secret_env to the variable holding it", severity="warning")

@@ -147,15 +147,56 @@ def _server_engine(recipe, model_dir, tokenizer, device, world_size, rank, log_d
         if not ok:
             raise RolloutEngineError(f"rollout.engine: vllm-server starts the installed vLLM's server, but {why}\n  "
                                      "fix: install it, or set rollout.server.url to a running server")
-    try:
-        return VLLMServerRollout(model_dir, tokenizer, recipe.rollout, precision=recipe.trainer.precision,
+    def server(rollout_cfg, index: int = rank, log_name: str | None = None):
+        return VLLMServerRollout(model_dir, tokenizer, rollout_cfg, precision=recipe.trainer.precision,
                                  seed=recipe.trainer.seed, max_len=max_sequence_length(recipe), device=device,
                                  log_dir=log_dir, adaptation=adaptation,
                                  trust_remote_code=recipe.model.trust_remote_code,
-                                 seqs_per_call=sequences_per_generate_call(recipe), rank=rank,
-                                 own_device=world_size > 1)
+                                 seqs_per_call=sequences_per_generate_call(recipe), rank=index,
+                                 own_device=world_size > 1, log_name=log_name)
+
+    try:
+        if srv.replicas > 1 or srv.urls:
+            return _fleet(recipe, server, world_size)
+        return server(recipe.rollout)
     except ServerError as err:
         raise RolloutEngineError(f"rollout.engine: vllm-server: {err}") from None
+
+
+def _fleet(recipe, server, world_size: int):
+    """rollout.server.replicas / urls: the servers, started (or attached) at once, behind the
+    fleet's router (fleet.py). A start that fails closes the ones that started."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .fleet import ServerFleet
+    from .server import ServerError
+
+    ro, srv = recipe.rollout, recipe.rollout.server
+    if world_size > 1:
+        raise ServerError(f"a fleet (rollout.server.replicas / urls) serves one training process (this run has "
+                          f"{world_size})\n  fix: --nproc 1, or rollout.server.replicas: 1 without urls")
+    if srv.urls:
+        configs = [srv.model_copy(update={"url": u, "urls": [], "replicas": 1}) for u in srv.urls]
+    else:
+        share = len(srv.devices) // srv.replicas if srv.devices else 0
+        configs = [srv.model_copy(update={"replicas": 1, "devices": srv.devices[i * share:(i + 1) * share] if share else None})
+                   for i in range(srv.replicas)]
+    with ThreadPoolExecutor(max_workers=len(configs)) as pool:
+        futures = [pool.submit(server, ro.model_copy(update={"server": c}), i, f"rollout-server-replica{i}.log")
+                   for i, c in enumerate(configs)]
+        done, errors = [], []
+        for f in futures:
+            try:
+                done.append(f.result())
+            except Exception as err:  # noqa: BLE001 - close the started ones, then say why
+                errors.append(err)
+    if errors:
+        for engine in done:
+            engine.close()
+        raise errors[0]
+    import logging
+
+    return ServerFleet(done, warn=logging.getLogger("rltune").warning)
 
 
 def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size: int = 1,

