@@ -92,3 +92,33 @@ def test_a_replica_killed_mid_run_is_taken_out_and_the_run_goes_on(tmp_path):
     m = read_metrics(d / "run")
     assert [x["step"] for x in m] == list(range(1, 7))
     assert max(x["rollout/logprob_diff_mean"] for x in m) < 0.02      # the one left kept in sync
+
+
+@pytest.mark.parametrize("partial", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_one_step_ahead_through_a_fleet(tmp_path, partial):
+    """Generation ahead (max_staleness 1) through 2 replicas: every trained token's lag, from the
+    versions each replica reported per token, is at most 1; without partial rollouts the run is the
+    one-server run's, step for step (seeded requests; every replica finishes each sync with the same
+    version)."""
+    ahead = {"max_staleness": 1, "partial": partial}
+    d, path = _run(tmp_path, "fleet", {"replicas": 2, "devices": [0, 1]}, steps=6)
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    data["rollout"]["asynchronous"] = ahead
+    path.write_text(yaml.safe_dump(data))
+    res = run_cli("train", path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    m = read_metrics(d / "run")
+    lags = [x["async/staleness_max"] for x in m]
+    assert max(lags) <= 1 and lags[0] == 0, lags
+    assert all(x["async/dropped"] == 0 and x["async/regenerated"] == 0 for x in m)
+    if not partial:
+        assert lags == [0.0] + [1.0] * 5, lags
+        one, path = _run(tmp_path, "one", {}, steps=6)
+        data = yaml.safe_load(path.read_text())
+        data["rollout"]["asynchronous"] = ahead
+        path.write_text(yaml.safe_dump(data))
+        res = run_cli("train", path)
+        assert res.returncode == 0, res.stderr[-4000:]
+        assert _figures(d) == _figures(one)

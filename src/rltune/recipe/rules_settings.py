@@ -165,10 +165,9 @@ def vllm_server_unsupported(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 
 @rule("server-fleet", "error",
       "rollout.server.urls with url or replicas > 1; rollout.server.devices with urls, or not in equal shares "
-      "for rollout.server.replicas; a fleet (replicas > 1 or urls) with trainer.nproc > 1 or generation ahead "
-      "(rollout.asynchronous.max_staleness >= 1)",
+      "for rollout.server.replicas; a fleet (replicas > 1 or urls) with trainer.nproc > 1",
       "a fleet is either started (replicas, each on its share of devices) or attached (urls); one fleet for "
-      "several training processes, and generation ahead through a fleet, are not built yet")
+      "several training processes is not built yet")
 def server_fleet(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     ro, srv = r.rollout, r.rollout.server
     if ro.engine != "vllm-server" or (srv.replicas == 1 and not srv.urls):
@@ -191,9 +190,6 @@ def server_fleet(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
                   f"a fleet with trainer.nproc {r.trainer.nproc}: one fleet shared by several training processes is "
                   "not built yet", "trainer.nproc: 1 with the fleet, or replicas: 1 without urls (each rank then "
                   "starts its own server)")
-    if ro.asynchronous.max_staleness > 0:
-        yield Hit("rollout.asynchronous.max_staleness", "generation ahead through a fleet is not built yet",
-                  "rollout.asynchronous.max_staleness: 0 with the fleet, or one server (replicas: 1, url)")
 
 
 @rule("server-remote-access", "error",
