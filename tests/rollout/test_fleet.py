@@ -123,3 +123,32 @@ def test_none_left_stops_with_the_resume_command():
         fleet.generate([[1, 2]], Sampling(n=1, max_new_tokens=2))
     text = str(err.value)
     assert "every rollout server of the fleet is out (http://" in text and "--resume auto" in text
+
+
+def test_an_episodes_next_turn_and_its_groups_next_episode_go_where_it_went():
+    a, b = Replica("http://a"), Replica("http://b")
+    fleet = ServerFleet([a, b])
+    fleet.generate([[1, 2, 3]], Sampling(n=1, max_new_tokens=2))      # turn 1 of an episode: to a (ties: the first)
+    assert a.served == [(1, 2, 3)]
+    fleet.in_flight[id(a)] = 5                                       # a is busier now
+    # its next turn: the prompt, the reply a sampled ([4, 0]), the environment's tokens
+    fleet.generate([[1, 2, 3, 4, 0, 9, 9]], Sampling(n=1, max_new_tokens=2))
+    fleet.generate([[1, 2, 3]], Sampling(n=1, max_new_tokens=2))      # the group's next episode: same prompt
+    assert a.served == [(1, 2, 3), (1, 2, 3, 4, 0, 9, 9), (1, 2, 3)] and b.served == []
+    fleet.generate([[7, 7]], Sampling(n=1, max_new_tokens=2))         # a new prompt: the least loaded
+    assert b.served == [(7, 7)]
+    fleet._take_out(a, ServerError("gone"))                            # affinity never outlives its server
+    fleet.generate([[1, 2, 3, 4, 0, 9, 9, 5]], Sampling(n=1, max_new_tokens=2))
+    assert b.served[-1] == (1, 2, 3, 4, 0, 9, 9, 5)
+
+
+def test_affinity_forgets_the_oldest_and_looks_up_the_longest():
+    from rltune.rollout.fleet import Affinity
+
+    aff = Affinity(size=2)
+    aff.remember([1, 2], "x")
+    aff.remember([1, 2, 3, 4], "y")
+    assert aff.lookup([1, 2, 3, 4, 5], {"x", "y"}) == "y" and aff.lookup([1, 2, 9], {"x", "y"}) == "x"
+    assert aff.lookup([1, 2, 3, 4, 5], {"x"}) == "x"                   # y not live: the next longest
+    aff.remember([5], "z")                                             # over size: [1, 2] forgotten
+    assert aff.lookup([1, 2, 9], {"x", "y", "z"}) is None and aff.lengths == {4: 1, 1: 1}

@@ -122,3 +122,24 @@ def test_one_step_ahead_through_a_fleet(tmp_path, partial):
         res = run_cli("train", path)
         assert res.returncode == 0, res.stderr[-4000:]
         assert _figures(d) == _figures(one)
+
+
+def test_two_ranks_share_one_fleet_and_sample_what_one_rank_does(tmp_path):
+    """--nproc 2 with rollout.server.replicas 2: rank 0 starts the fleet and sends the weights, rank 1
+    routes its share of the prompts to the same servers. With the real sampler and real ranks, every
+    step samples what one rank with one server samples (seeded requests; the same weights): the same
+    response lengths, and rewards and losses equal up to the rounding of the means over ranks."""
+    one, path = _run(tmp_path, "one", {})
+    res = run_cli("train", path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    two, path = _run(tmp_path, "two", {"replicas": 2, "devices": [0, 1]})
+    res = run_cli("train", path, "--nproc", "2", timeout=1200)
+    assert res.returncode == 0, res.stderr[-4000:]
+    a, b = _figures(one), _figures(two)
+    assert [x[1] for x in a] == [x[1] for x in b], (a, b)      # the same samples: response lengths exactly
+    for (ra, _, la), (rb, _, lb) in zip(a, b):                  # means over ranks: the all-reduce's rounding
+        assert ra == pytest.approx(rb, rel=1e-6, abs=1e-7) and la == pytest.approx(lb, rel=1e-4, abs=1e-6), (a, b)
+    run = two / "run"
+    assert (run / "rollout-server-replica0.log").exists() and (run / "rollout-server-replica1.log").exists()
+    assert not list(run.glob("rollout-server-rank1*.log"))     # rank 1 started no server of its own
+    assert max(x["rollout/logprob_diff_mean"] for x in read_metrics(run)) < 0.02   # every rank's samples in sync

@@ -165,9 +165,9 @@ def vllm_server_unsupported(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
 
 @rule("server-fleet", "error",
       "rollout.server.urls with url or replicas > 1; rollout.server.devices with urls, or not in equal shares "
-      "for rollout.server.replicas; a fleet (replicas > 1 or urls) with trainer.nproc > 1",
-      "a fleet is either started (replicas, each on its share of devices) or attached (urls); one fleet for "
-      "several training processes is not built yet")
+      "for rollout.server.replicas; started replicas on a loopback host with trainer.nnodes > 1",
+      "a fleet is either started (replicas, each on its share of devices) or attached (urls); rank 0 starts "
+      "replicas on its own machine, where other nodes cannot reach a loopback address")
 def server_fleet(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     ro, srv = r.rollout, r.rollout.server
     if ro.engine != "vllm-server" or (srv.replicas == 1 and not srv.urls):
@@ -185,11 +185,12 @@ def server_fleet(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
         yield Hit("rollout.server.devices", f"{len(srv.devices)} rollout.server.devices cannot be split into "
                   f"{srv.replicas} equal shares (one per replica)",
                   f"list a multiple of {srv.replicas} devices, or set replicas to a divisor of {len(srv.devices)}")
-    if r.trainer.nproc > 1:
-        yield Hit("rollout.server.replicas" if not srv.urls else "rollout.server.urls",
-                  f"a fleet with trainer.nproc {r.trainer.nproc}: one fleet shared by several training processes is "
-                  "not built yet", "trainer.nproc: 1 with the fleet, or replicas: 1 without urls (each rank then "
-                  "starts its own server)")
+    loopback = srv.host.strip() in ("127.0.0.1", "localhost", "::1") or srv.host.strip().startswith("127.")
+    if r.trainer.nnodes > 1 and not srv.urls and loopback:
+        yield Hit("rollout.server.replicas", f"rollout.server.replicas with trainer.nnodes {r.trainer.nnodes}: rank 0 "
+                  f"starts the fleet on {srv.host}, which the other nodes cannot reach",
+                  "start the servers yourself and list them in rollout.server.urls (with secret_env), reachable "
+                  "from every node")
 
 
 @rule("server-remote-access", "error",

@@ -129,16 +129,18 @@ def sequences_per_generate_call(recipe) -> int:
 
 
 def _server_engine(recipe, model_dir, tokenizer, device, world_size, rank, log_dir, adaptation):
-    """rollout.engine: vllm-server (rollout/vllm_server.py), one server per training process;
-    its failures are RolloutEngineError."""
+    """rollout.engine: vllm-server (rollout/vllm_server.py): one server per training process, or
+    one fleet for the job (rollout.server.replicas / urls, fleet.py); failures are RolloutEngineError."""
     from .server import ServerError
     from .vllm_server import VLLMServerRollout
 
     srv = recipe.rollout.server
+    fleet = srv.replicas > 1 or bool(srv.urls)
     if world_size > 1 and srv.url:
         raise RolloutEngineError(f"rollout.server.url serves one training process (this run has {world_size})\n  "
-                                 "fix: --nproc 1, or remove rollout.server.url: then every rank starts its own server")
-    if world_size > 1 and recipe.rollout.tensor_parallel_size > 1:
+                                 "fix: list it in rollout.server.urls instead (a fleet every rank shares), or remove "
+                                 "rollout.server.url: then every rank starts its own server")
+    if world_size > 1 and recipe.rollout.tensor_parallel_size > 1 and not fleet:
         raise RolloutEngineError(f"rollout.engine: vllm-server with {world_size} ranks starts one server per rank, on "
                                  "the rank's own device: rollout.tensor_parallel_size must be 1\n  fix: "
                                  "rollout.tensor_parallel_size: 1, or --nproc 1")
@@ -147,34 +149,56 @@ def _server_engine(recipe, model_dir, tokenizer, device, world_size, rank, log_d
         if not ok:
             raise RolloutEngineError(f"rollout.engine: vllm-server starts the installed vLLM's server, but {why}\n  "
                                      "fix: install it, or set rollout.server.url to a running server")
-    def server(rollout_cfg, index: int = rank, log_name: str | None = None):
+    def server(rollout_cfg, index: int = rank, log_name: str | None = None, peer=None):
         return VLLMServerRollout(model_dir, tokenizer, rollout_cfg, precision=recipe.trainer.precision,
                                  seed=recipe.trainer.seed, max_len=max_sequence_length(recipe), device=device,
                                  log_dir=log_dir, adaptation=adaptation,
                                  trust_remote_code=recipe.model.trust_remote_code,
                                  seqs_per_call=sequences_per_generate_call(recipe), rank=index,
-                                 own_device=world_size > 1, log_name=log_name)
+                                 own_device=world_size > 1, log_name=log_name, peer=peer)
 
     try:
         if srv.replicas > 1 or srv.urls:
-            return _fleet(recipe, server, world_size)
+            return _fleet(recipe, server, rank, world_size)
         return server(recipe.rollout)
     except ServerError as err:
         raise RolloutEngineError(f"rollout.engine: vllm-server: {err}") from None
 
 
-def _fleet(recipe, server, world_size: int):
-    """rollout.server.replicas / urls: the servers, started (or attached) at once, behind the
-    fleet's router (fleet.py). A start that fails closes the ones that started."""
-    from concurrent.futures import ThreadPoolExecutor
+def _fleet(recipe, server, rank: int, world_size: int):
+    """rollout.server.replicas / urls: the servers, started (or attached) at once by rank 0, behind
+    the fleet's router (fleet.py); the other ranks use them as peers. A start that fails closes the
+    ones that started, and every rank stops with rank 0's reason."""
+    import logging
 
-    from .fleet import ServerFleet
+    from .fleet import ServerFleet, broadcast_object
     from .server import ServerError
 
     ro, srv = recipe.rollout, recipe.rollout.server
+    warn = logging.getLogger("rltune").warning
+    if rank > 0:
+        sent = broadcast_object(None)
+        if isinstance(sent, str):
+            raise ServerError(f"rank 0 could not start the fleet: {sent}")
+        replicas = [server(ro.model_copy(update={"server": srv.model_copy(update={"url": url, "urls": [], "replicas": 1})}),
+                           peer=(secret, api)) for url, secret, api, _ in sent["peers"]]
+        for r, (_, _, _, label) in zip(replicas, sent["peers"]):
+            r.version, r.expected_version = int(sent["version"]), label
+        return ServerFleet(replicas, warn=warn, rank=rank, world_size=world_size)
+    try:
+        fleet = ServerFleet(_start_fleet(ro, srv, server), warn=warn, rank=rank, world_size=world_size)
+    except Exception as err:
+        if world_size > 1:
+            broadcast_object(str(err).splitlines()[0] if str(err) else type(err).__name__)
+        raise
     if world_size > 1:
-        raise ServerError(f"a fleet (rollout.server.replicas / urls) serves one training process (this run has "
-                          f"{world_size})\n  fix: --nproc 1, or rollout.server.replicas: 1 without urls")
+        broadcast_object({"peers": fleet.peers(), "version": fleet.version})
+    return fleet
+
+
+def _start_fleet(ro, srv, server) -> list:
+    from concurrent.futures import ThreadPoolExecutor
+
     if srv.urls:
         configs = [srv.model_copy(update={"url": u, "urls": [], "replicas": 1}) for u in srv.urls]
     else:
@@ -194,9 +218,7 @@ def _fleet(recipe, server, world_size: int):
         for engine in done:
             engine.close()
         raise errors[0]
-    import logging
-
-    return ServerFleet(done, warn=logging.getLogger("rltune").warning)
+    return done
 
 
 def make_rollout(recipe, policy_model_for_hf, tokenizer, device: str, world_size: int = 1,

@@ -5,14 +5,23 @@ checks and weight transfer); the fleet is the rollout engine the trainer sees.
 
 - **Routing**: each request (one prompt's n samples: a group stays on one server, where its
   prompt's prefix is cached) goes to the live server with the fewest requests in flight (ties:
-  the first). Requests carry their own seeds (rollout.base.request_seeds), so what they sample
-  does not depend on which server takes them.
+  the first). A request that continues an earlier one (an episode's next turn: its prompt starts
+  with the earlier prompt and response) or repeats its prompt (an episode group's next episode)
+  goes where that one went, while that server is live (`Affinity`). Requests carry their own
+  seeds (rollout.base.request_seeds), so what they sample does not depend on which server takes
+  them.
 - **Failover**: a server that fails a request or a weight sync (it died, stopped answering within
   `request_timeout_s`, answered what the checks refuse) is taken out with a warning and closed;
   its request goes to another. The run stops (with the resume command) only when none is left.
 - **Weights**: once per sync, gathered once (ZeRO-3: parameter by parameter), each bucket sent to
   every live server, all of them finished with the same version; a server that fails during a
   sync is taken out (it may hold half of the new weights).
+- **Several training processes share one fleet** (`trainer.nproc` > 1): rank 0 starts (or
+  attaches to) the servers and sends every weight sync; the other ranks route their own share of
+  the prompts to the same servers (`peers`: generation only, with the servers' secrets from rank
+  0) and join the sync's gathers; after each sync rank 0 tells them the version and which servers
+  are still in the fleet. A fleet shared by ranks does not sleep (a rank may be generating while
+  another trains).
 """
 
 from __future__ import annotations
@@ -27,18 +36,63 @@ from .server_io import experience_of, weight_buckets
 from .vllm_server import RESUME_FIX
 
 
+class Affinity:
+    """Which server took which token sequences lately (a request's prompt, and each of its samples'
+    prompt + response): a later prompt that starts with one of them goes to the same server, where
+    its prefix is cached. Looked up in time linear in the prompt (prefix hashes, one per position);
+    at most `size` sequences are kept, the oldest forgotten first."""
+
+    MOD, BASE = (1 << 61) - 1, 1_000_003
+
+    def __init__(self, size: int = 8192):
+        from collections import OrderedDict
+
+        self.size, self.seen = size, OrderedDict()     # (length, hash) -> server
+        self.lengths: dict[int, int] = {}              # length -> sequences kept of it
+
+    def _prefix_hashes(self, ids) -> list[int]:
+        h, out = 0, [0]
+        for t in ids:
+            h = (h * self.BASE + int(t) + 1) % self.MOD
+            out.append(h)
+        return out
+
+    def remember(self, ids, server) -> None:
+        key = (len(ids), self._prefix_hashes(ids)[-1])
+        if key not in self.seen:
+            self.lengths[key[0]] = self.lengths.get(key[0], 0) + 1
+        self.seen[key] = server
+        self.seen.move_to_end(key)
+        while len(self.seen) > self.size:
+            (n, _), _ = self.seen.popitem(last=False)
+            self.lengths[n] -= 1
+            if not self.lengths[n]:
+                del self.lengths[n]
+
+    def lookup(self, prompt, live) -> object | None:
+        """The server of the longest remembered sequence the prompt starts with, if live."""
+        hashes = self._prefix_hashes(prompt)
+        for n in sorted((n for n in self.lengths if n <= len(prompt)), reverse=True):
+            server = self.seen.get((n, hashes[n]))
+            if server is not None and server in live:
+                return server
+        return None
+
+
 class ServerFleet:
     name = "vllm-server"
 
-    def __init__(self, replicas: list, warn=None):
+    def __init__(self, replicas: list, warn=None, rank: int = 0, world_size: int = 1):
         self.replicas, self.live = list(replicas), list(replicas)
         self.warn = warn or (lambda line: None)
+        self.rank, self.world = int(rank), int(world_size)
         first = self.replicas[0]
         self.eos_ids, self.pad_id = first.eos_ids, first.pad_id
         self.version = max(int(r.version) for r in self.replicas)   # syncs number on together
         for r in self.replicas:
             r.version = self.version
         self.in_flight = {id(r): 0 for r in self.replicas}
+        self.affinity = Affinity()
         self.lock = threading.Lock()
         width = sum(r.pool._max_workers for r in self.replicas)
         self.pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="rltune-fleet")
@@ -114,10 +168,16 @@ class ServerFleet:
             with self.lock:
                 if not self.live:
                     raise self._none_left()
-                replica = min(self.live, key=lambda r: self.in_flight[id(r)])
+                replica = (self.affinity.lookup(prompt, self.live)
+                           or min(self.live, key=lambda r: self.in_flight[id(r)]))
                 self.in_flight[id(replica)] += 1
+                self.affinity.remember(prompt, replica)
             try:
-                return replica.request(prompt, params, sampling)
+                samples = replica.request(prompt, params, sampling)
+                with self.lock:
+                    for ids, _, _ in samples:
+                        self.affinity.remember(list(prompt) + list(ids), replica)
+                return samples
             except ServerError as err:
                 self._take_out(replica, err)
             finally:
@@ -147,13 +207,46 @@ class ServerFleet:
         return experience_of(prompt_ids, answers, sampling, self.pad_id, self.eos_ids)
 
     def sync_weights(self, actor) -> float:
-        """The actor's weights, gathered once, to every live server; the same version on each."""
+        """The actor's weights, gathered once, to every live server; the same version on each.
+        Several ranks: rank 0 sends, the others join its gathers and then learn the outcome."""
         t0 = time.perf_counter()
         version = self.version + 1
+        if self.rank > 0:
+            for _ in self.replicas[0].adaptation.full_weights(actor):   # the gathers every rank joins (ZeRO-3)
+                pass
+            self._follow(broadcast_object(None))
+            self.last_sync_ms = (time.perf_counter() - t0) * 1000.0
+            return self.last_sync_ms
+        try:
+            self._sync(actor, version)
+        finally:
+            if self.world > 1:   # the version and the servers still in the fleet, to the other ranks
+                broadcast_object({"version": self.version, "live": [r.base_url for r in self.live]})
+        self.last_sync_ms = (time.perf_counter() - t0) * 1000.0
+        return self.last_sync_ms
+
+    def _follow(self, outcome: dict) -> None:
+        """A rank > 0 after rank 0's sync: its version, and the servers rank 0 took out."""
+        self.version = int(outcome["version"])
+        for r in self.replicas:
+            r.version, r.expected_version = self.version, str(self.version)
+        gone = [r for r in self.live if r.base_url not in set(outcome["live"])]
+        for r in gone:
+            self._take_out(r, ServerError("rank 0 took it out of the fleet"))
+        if not self.live:
+            raise self._none_left()
+
+    def _sync(self, actor, version: int) -> None:
         self._each(lambda r: r.begin_sync())
         try:
-            for bucket in weight_buckets(self.replicas[0], actor):
-                self._each(lambda r: r._send_bucket(bucket))
+            buckets = weight_buckets(self.replicas[0], actor)
+            try:
+                for bucket in buckets:
+                    self._each(lambda r: r._send_bucket(bucket))
+            except ServerError:
+                for _ in buckets:   # none left: the other ranks still gather with this one
+                    pass
+                raise
             self._each(lambda r: r.finish_sync(version))
         finally:
             if self.live:
@@ -161,14 +254,17 @@ class ServerFleet:
         if self.pause_mode != "keep":
             self._each(lambda r: r._post("/reset_prefix_cache"))
         self.version = version
-        self.last_sync_ms = (time.perf_counter() - t0) * 1000.0
-        return self.last_sync_ms
 
     def sleep(self) -> None:
-        self._each(lambda r: r.sleep())
+        if self.world == 1:   # shared by ranks: another rank may be generating now
+            self._each(lambda r: r.sleep())
 
     def wake_up(self) -> None:
         self._each(lambda r: r.wake_up())
+
+    def peers(self) -> list[tuple]:
+        """What the other ranks need to use this rank's servers: (url, secret, api, version label)."""
+        return [(r.base_url, r.secret, r.api, r.expected_version) for r in self.replicas]
 
     def close(self) -> None:
         for r in self.replicas:
@@ -180,4 +276,15 @@ class ServerFleet:
         self.each_pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["ServerFleet"]
+def broadcast_object(obj, src: int = 0):
+    """Rank `src`'s `obj` (picklable, small) on every rank of the trainer's process group."""
+    import torch
+    import torch.distributed as dist
+
+    box = [obj]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    dist.broadcast_object_list(box, src=src, device=device)
+    return box[0]
+
+
+__all__ = ["ServerFleet", "broadcast_object"]

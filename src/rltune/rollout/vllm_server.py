@@ -136,7 +136,7 @@ class VLLMServerRollout:
     def __init__(self, model_dir: str, tokenizer, rollout_cfg, precision: str = "fp32", seed: int | None = 0,
                  max_len: int = 512, device: str = "cpu", log_dir: Path | None = None, adaptation=None,
                  trust_remote_code: bool = False, seqs_per_call: int | None = None, rank: int = 0,
-                 own_device: bool = False, log_name: str | None = None):
+                 own_device: bool = False, log_name: str | None = None, peer: tuple | None = None):
         from transformers import AutoConfig
 
         from ..models.adaptation import FullWeights
@@ -192,6 +192,10 @@ class VLLMServerRollout:
                                   "fix: remove them; start the server with rltune's launcher and a secret, and set "
                                   "rollout.server.secret_env to the variable holding it (docs/rollout-server.md)")
             self.base_url, self.log = srv.url.rstrip("/"), None
+            if peer is not None:   # a fleet server rank 0 started or attached: this rank only generates there
+                self.secret, self.api, self.transfer, self.group = peer[0], peer[1], None, None
+                self.expected_version, self.init_s = "default", 0.0
+                return
             self.secret = self._attached_secret(srv)
             self._check_attached()
         else:
