@@ -124,6 +124,7 @@ def test_one_step_ahead_through_a_fleet(tmp_path, partial):
         assert _figures(d) == _figures(one)
 
 
+@pytest.mark.slow   # two runs, one with 2 trainer ranks and 2 servers on 2 cores: ~5 min
 def test_two_ranks_share_one_fleet_and_sample_what_one_rank_does(tmp_path):
     """--nproc 2 with rollout.server.replicas 2: rank 0 starts the fleet and sends the weights, rank 1
     routes its share of the prompts to the same servers. With the real sampler and real ranks, every
