@@ -151,7 +151,7 @@ def test_a_multi_turn_episode_masks_the_environments_turns_and_scores_the_game()
         env_text = c.tokenizer.decode([t for t, m in zip(ids, trained) if m == 0])
         assert env_text.count("Higher.") == 2 and "8" not in env_text
         found = 1.0 if row["vf_task"]["target"] == 8 else 0.0
-        assert ep.env_scores[b] == pytest.approx(found + 0.5 * 1.0)
+        assert ep.env_scores[b] == pytest.approx(found + 0.5 * 1.0 + 0.25 * 1.0)   # found, number, brief
     want = sum(3 if r["vf_task"]["target"] == 8 else 4 for r in rows)     # the game's own end, else its 4 turns
     assert ep.metrics["episode/turns"] == want and ep.metrics["reward/env/number"] == 2.0
 
@@ -163,8 +163,9 @@ def test_an_episode_rltune_ended_is_scored_over_the_turns_it_played():
 
     rows = [r for r in load_prompts(f"verifiers:{GUESS}").rows if r["vf_task"]["target"] > 2][:2]
     c, ep = _play(GUESS, rows, lambda prompt: "1", max_turns=1)
-    assert ep.env_scores == [pytest.approx(0.5 * 1.0)] * 2       # found 0, number 1 (its one turn a bare number)
+    assert ep.env_scores == [pytest.approx(0.5 * 1.0 + 0.25 * 1.0)] * 2   # found 0; number, brief 1 (its one turn: "1")
     assert ep.metrics["reward/env/number"] == 2.0 and ep.metrics["reward/env/found"] == 0.0
+    assert ep.metrics["reward/env/brief"] == 2.0
     assert ep.metrics["episode/env_crashes"] == 0 and ep.metrics["episode/truncated"] == 2
 
 

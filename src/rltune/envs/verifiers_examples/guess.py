@@ -2,7 +2,8 @@
 
 The environment (a verifiers `Env`, its `run` the game's control flow) answers each assistant
 turn until the number is found or 4 turns have passed. Its rubric: `found` (1 when the number
-was said) and `number` (the share of assistant turns that were a bare number). Its harness is
+was said), `number` (weight 0.5: the share of assistant turns that were a bare number) and `brief`
+(weight 0.25: the share that were at most 3 characters). Its harness is
 rltune's in-process chat harness, resumed with the conversation at each turn.
 """
 
@@ -35,6 +36,13 @@ class GuessTask(vf.Task[GuessData, vf.State, vf.TaskConfig]):
     async def number(self, trace) -> float:
         turns = trace.assistant_messages
         return sum(_number(m.content or "") is not None for m in turns) / len(turns) if turns else 0.0
+
+    @vf.reward(weight=0.25)
+    async def brief(self, trace) -> float:
+        """The share of the assistant turns played that were at most 3 characters (a guess is a
+        bare number): the shaping that gets a random model to its first finished guesses."""
+        turns = trace.assistant_messages
+        return sum(len((m.content or "").strip()) <= 3 for m in turns) / len(turns) if turns else 0.0
 
 
 class GuessTaskset(vf.Taskset[GuessTask, vf.TasksetConfig]):
