@@ -144,3 +144,25 @@ def test_two_ranks_share_one_fleet_and_sample_what_one_rank_does(tmp_path):
     assert (run / "rollout-server-replica0.log").exists() and (run / "rollout-server-replica1.log").exists()
     assert not list(run.glob("rollout-server-rank1*.log"))     # rank 1 started no server of its own
     assert max(x["rollout/logprob_diff_mean"] for x in read_metrics(run)) < 0.02   # every rank's samples in sync
+
+
+def test_resume_through_a_fleet_equals_the_uninterrupted_run(tmp_path):
+    """Seeded requests (issue 49, item 5): a run stopped after step 2 and resumed through a fresh fleet
+    draws what the uninterrupted run drew at step 3 (the prompts' draw keys come back with the data
+    position; the fresh servers get the checkpoint's weights first)."""
+    fleet = {"replicas": 2, "devices": [0, 1]}
+    whole, path = _run(tmp_path, "whole", fleet, steps=3)
+    res = run_cli("train", path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    parts, path = _run(tmp_path, "parts", fleet, steps=2)
+    res = run_cli("train", path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    data["trainer"]["max_steps"] = 3
+    path.write_text(yaml.safe_dump(data))
+    res = run_cli("train", path, "--resume", "auto")
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert [x["step"] for x in read_metrics(parts / "run")] == [1, 2, 3]
+    assert _figures(parts) == _figures(whole)
