@@ -373,6 +373,15 @@ def test_a_started_vllm_server_sleeps_beside_the_trainer_as_the_in_process_engin
         assert len(awake["vLLM KV cache"]) > 1 and len(awake["vLLM weights"]) > 1, awake
 
 
+def test_a_fleet_is_named_in_the_notes_as_budgeted_for_one_server(llama7b):
+    base = SEVEN_B.format(path=llama7b, zero=3, nproc=8).replace("engine: hf", "engine: vllm-server")
+    hw = Hardware("cuda", gpus=8, mem_bytes=80 * GiB)
+    assert not [n for n in estimate(recipe_of(base), hw).notes if "a fleet" in n]
+    fleet = base.replace("engine: vllm-server", "engine: vllm-server, server: {replicas: 2, devices: [6, 7]}")
+    (note,) = [n for n in estimate(recipe_of(fleet), hw).notes if "a fleet" in n]
+    assert note.startswith("rollout.server replicas 2: a fleet; what follows budgets one server")
+
+
 def test_server_sleeps_only_beside_the_trainer_on_cuda():
     from rltune.recipe.schema import RolloutCfg
     from rltune.rollout.vllm_api import server_sleeps

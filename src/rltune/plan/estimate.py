@@ -502,6 +502,12 @@ def _rollout_items(recipe, hw, arch, engine, world, cpu, add, notes) -> dict:
             "generation")
         return {"bytes": kvb, "tokens": seqs * seq, "sequences": seqs, "per_token_bytes": arch.kv_bytes_per_token(rb)}
     server = engine == "vllm-server"
+    srv = recipe.rollout.server
+    if server and (srv.replicas > 1 or srv.urls):
+        notes.append(f"rollout.server {'urls' if srv.urls else f'replicas {srv.replicas}'}: a fleet; what follows "
+                     "budgets one server, and each started replica holds its own copy of the weights and its own "
+                     "KV cache on its share of rollout.server.devices; a fleet shared by several training processes never "
+                     "sleeps (docs/rollout-server.md, 'A fleet of servers')")
     if server and recipe.rollout.server.url:
         notes.append(f"rollout.server.url {recipe.rollout.server.url}: the attached server's weights and KV cache "
                      "are on its own devices, not budgeted here")
