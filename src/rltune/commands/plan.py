@@ -92,19 +92,20 @@ def run(args: List[str], overrides: List[str], *, gpus: Optional[int] = None, gp
         except TimesError as e:
             return _err(f"--times {times}: {e}")
         devices, unit = (plan.world, "GPU") if plan.device != "cpu" else (os.cpu_count() or 1, "CPU core")
-        placement = (phase_times, devices, unit)
+        placement = (phase_times, devices, unit, recipe.rollout.tensor_parallel_size, recipe.trainer.nnodes)
     if fmt == "json":
         extra = {}
         if placement is not None:
-            t, devices, unit = placement
-            extra["placement"] = {"devices": devices, "unit": unit, "phase_times": vars(t), **step_times(t, devices)}
+            t, devices, unit, tp, _ = placement
+            extra["placement"] = {"devices": devices, "unit": unit, "phase_times": vars(t), **step_times(t, devices, tp)}
         print(json.dumps({"recipe": path, **plan.to_dict(), **extra}, indent=2))
     else:
         out = render(plan, path)
         if placement is not None:
             from rltune.plan.placement import render as render_placement
 
-            out += [""] + render_placement(*placement, source=f"{times}/metrics.jsonl")
+            t, devices, unit, tp, nodes = placement
+            out += [""] + render_placement(t, devices, unit, source=f"{times}/metrics.jsonl", tp=tp, nodes=nodes)
         print("\n".join(out))
     return 1 if plan.fits is False else 0
 
