@@ -50,8 +50,9 @@ def test_two_replicas_sample_what_one_server_samples(tmp_path):
     assert max(x["rollout/logprob_diff_mean"] for x in read_metrics(two / "run")) < 0.02   # both synced
 
 
-def _listening_pids(port: int) -> list[int]:
-    """The processes whose command line names `--port PORT` (the replica's API server)."""
+def _server_pids(port: int, guard: bool = False) -> list[int]:
+    """The replica's API server (its command line names `--port PORT`; with `guard`, rltune's guard
+    around it too, whose command line holds the server's)."""
     out = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -61,8 +62,17 @@ def _listening_pids(port: int) -> list[int]:
         except OSError:
             continue
         if b"--port" in args and args[args.index(b"--port") + 1:args.index(b"--port") + 2] == [str(port).encode()]:
-            out.append(int(proc.name))
+            if guard or b"rltune.rollout.server_guard" not in args:
+                out.append(int(proc.name))
     return out
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def test_a_replica_killed_mid_run_is_taken_out_and_the_run_goes_on(tmp_path):
@@ -79,11 +89,14 @@ def test_a_replica_killed_mid_run_is_taken_out_and_the_run_goes_on(tmp_path):
         text = (d / "stderr.log").read_text()
         second = re.search(r"rollout engine vllm-server \(rollout.engine: vllm-server\): http://\S+, http://[^:]+:(\d+),",
                            text)
-        pids = _listening_pids(int(second.group(1)))
-        assert pids, text[-2000:]
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+        (pid,) = _server_pids(int(second.group(1)))          # the server, not the guard around it
+        group = os.getpgid(pid)                               # its engine core and workers
+        os.kill(pid, signal.SIGKILL)
         assert proc.wait(timeout=600) == 0, (d / "stderr.log").read_text()[-4000:]
+        deadline = time.monotonic() + 30
+        while _group_alive(group) and time.monotonic() < deadline:   # the guard ended the rest of it
+            time.sleep(0.5)
+        assert not _group_alive(group) and not _server_pids(int(second.group(1)), guard=True)
     finally:
         if proc.poll() is None:
             proc.kill()
