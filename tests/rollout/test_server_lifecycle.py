@@ -118,9 +118,12 @@ def test_the_server_does_not_outlive_its_trainer(tmp_path, how):
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER.format(tests=str(FAKE.parent), fake=str(FAKE), log=str(tmp_path / "server.log")))
     port, pidfile = free_port(), tmp_path / "pids"
+    # Ctrl-C as an interactive trainer gets it: a shell without job control (a CI job started in
+    # the background) hands its children SIGINT ignored, and Python then never raises KeyboardInterrupt
     trainer = subprocess.Popen([sys.executable, str(script), str(port), str(pidfile),
                                 "raise" if how == "raise" else "wait"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert trainer.stdout.readline().strip() == "ready", trainer.stderr.read()
         pids = _pids(pidfile)
