@@ -171,7 +171,8 @@ def _fleet(recipe, server, rank: int, world_size: int):
     ones that started, and every rank stops with rank 0's reason."""
     import logging
 
-    from .fleet import ServerFleet, broadcast_object
+    from ..train.collective import broadcast_object
+    from .fleet import ServerFleet
     from .server import ServerError
 
     ro, srv = recipe.rollout, recipe.rollout.server

@@ -30,6 +30,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from ..train.collective import broadcast_object
 from .base import Sampling
 from .server import ServerError
 from .server_io import experience_of, weight_buckets
@@ -276,15 +277,4 @@ class ServerFleet:
         self.each_pool.shutdown(wait=False, cancel_futures=True)
 
 
-def broadcast_object(obj, src: int = 0):
-    """Rank `src`'s `obj` (picklable, small) on every rank of the trainer's process group."""
-    import torch
-    import torch.distributed as dist
-
-    box = [obj]
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    dist.broadcast_object_list(box, src=src, device=device)
-    return box[0]
-
-
-__all__ = ["ServerFleet", "broadcast_object"]
+__all__ = ["ServerFleet"]

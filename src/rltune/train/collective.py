@@ -43,6 +43,15 @@ def broadcast_int(value: int, src: int = 0) -> int:
     return int(t.item())
 
 
+def broadcast_object(obj, src: int = 0):
+    """Rank `src`'s `obj` (picklable, small) on every rank (e.g. a rollout fleet's addresses)."""
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, device=_comm_device())
+    return box[0]
+
+
 def gather_rows(x: torch.Tensor) -> torch.Tensor:
     """(b,) per rank -> (b * world,) on every rank (every rank holds the same b)."""
     if world_size() == 1:
