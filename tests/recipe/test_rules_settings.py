@@ -96,8 +96,8 @@ CASES = [
     # generation ahead (rules_async.py)
     ("async-unsupported", MINIMAL, [K1, "rollout.engine=vllm"], "error", "set rollout.engine: vllm-server",
      [K1, SERVER]),
-    ("async-unsupported", MINIMAL, [K1, "trainer.nproc=2"], "error", "set trainer.nproc: 1",
-     [K1, "trainer.nproc=1"]),
+    ("async-unsupported", MINIMAL, [K1, "trainer.nproc=2", "rollout.asynchronous.on_stale=drop"], "error",
+     "set rollout.asynchronous.on_stale: regenerate", [K1, "trainer.nproc=2"]),
     ("async-unsupported", MINIMAL, [K1, "rollout.asynchronous.partial=true", "rollout.engine=hf"], "error",
      "set rollout.engine: vllm-server", [K1, "rollout.asynchronous.partial=true", SERVER]),
     ("async-unsupported", MINIMAL, [K1, "rollout.asynchronous.partial=true", SERVER, "rollout.env=builtin:calculator",

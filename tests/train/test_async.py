@@ -254,7 +254,7 @@ def _guard(on_stale: str, policy: int, K: int = 1):
     from rltune.train.pipeline import Pipeline
 
     p = Pipeline.__new__(Pipeline)    # the bound check alone: no producer thread
-    p.K, p.group, p.policy, p.on_stale = K, 2, policy, on_stale
+    p.K, p.group, p.policy, p.on_stale, p.world = K, 2, policy, on_stale, 1
     return p
 
 
@@ -278,7 +278,7 @@ def test_on_stale_drop_with_every_group_stale_generates_them_again_and_says_why(
     p.cv, p.busy, p.error, p.next, p.allowed = threading.Condition(), False, None, 9, 9
     p.policy_of, p._producer_c = {7: 5}, None
     p.engine = type("E", (), {"pad_id": 0, "version": 7})()
-    monkeypatch.setattr(pipeline, "rescore", lambda c, rows: (_batch([7] * (2 * len(rows))).batch,
+    monkeypatch.setattr(pipeline, "rescore", lambda c, rows, **kw: (_batch([7] * (2 * len(rows))).batch,
                                                                torch.full((2 * len(rows),), 3)))
     with caplog.at_level(logging.WARNING, logger="rltune"):
         drawn, m = p._enforce_bound(_batch([3, 3, 2, 2]))
@@ -298,7 +298,7 @@ def test_groups_past_the_bound_are_generated_again(monkeypatch):
     p._producer_c = None
     asked = []
 
-    def fresh(c, rows):
+    def fresh(c, rows, **kw):
         asked.extend(r["prompt"] for r in rows)
         b = _batch([7] * (2 * len(rows)))       # the engine's label of the weights of step 5
         return b.batch, b.lengths

@@ -159,6 +159,41 @@ def test_two_ranks_share_one_fleet_and_sample_what_one_rank_does(tmp_path):
     assert max(x["rollout/logprob_diff_mean"] for x in read_metrics(run)) < 0.02   # every rank's samples in sync
 
 
+@pytest.mark.slow   # 2 trainer ranks and 2 servers on 2 cores, then one rank and one server: ~4-8 min
+@pytest.mark.parametrize("partial", [False, True])
+def test_two_ranks_generate_ahead_through_one_fleet(tmp_path, partial):
+    """Generation ahead on several ranks (issue 49, item 4) through a fleet they share: each rank's
+    producer routes its share to the 2 replicas while the trainer learns; rank 0 syncs once every
+    rank's batch ahead is made. Without partial rollouts every step samples what one rank with one
+    server samples at max_staleness 1, lags 0 then 1; with them (requests paused across the sync,
+    each token labelled by its replica) every trained token is at most 1 version old."""
+    import yaml
+
+    def ahead(path):
+        data = yaml.safe_load(path.read_text())
+        data["rollout"]["asynchronous"] = {"max_staleness": 1, "partial": partial}
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    two, path = _run(tmp_path, "two", {"replicas": 2, "devices": [0, 1]}, steps=4)
+    res = run_cli("train", ahead(path), "--nproc", "2", timeout=1200)
+    assert res.returncode == 0, res.stderr[-4000:]
+    m = read_metrics(two / "run")
+    lags = [x["async/staleness_max"] for x in m]
+    assert [x["step"] for x in m] == [1, 2, 3, 4] and lags[0] == 0 and max(lags) <= 1, lags
+    assert all(x["async/dropped"] == 0 for x in m)
+    if partial:
+        return
+    assert lags == [0.0, 1.0, 1.0, 1.0] and all(x["async/regenerated"] == 0 for x in m)
+    one, path = _run(tmp_path, "one", {}, steps=4)
+    res = run_cli("train", ahead(path))
+    assert res.returncode == 0, res.stderr[-4000:]
+    a, b = _figures(one), _figures(two)
+    assert [x[1] for x in a] == [x[1] for x in b], (a, b)
+    for (ra, _, la), (rb, _, lb) in zip(a, b):
+        assert ra == pytest.approx(rb, rel=1e-6, abs=1e-7) and la == pytest.approx(lb, rel=1e-4, abs=1e-6), (a, b)
+
+
 def test_resume_through_a_fleet_equals_the_uninterrupted_run(tmp_path):
     """Seeded requests (issue 49, item 5): a run stopped after step 2 and resumed through a fresh fleet
     draws what the uninterrupted run drew at step 3 (the prompts' draw keys come back with the data

@@ -165,10 +165,8 @@ def render(t: PhaseTimes, devices: int, unit: str, source: str, tp: int = 1, nod
         lines.append(f"  best split (S' = S): {split_keys(par, devices, unit, nodes)}")
         if shared["replicas"] != par["replicas"]:
             lines.append(f"  best split (S' = k x S): {split_keys(shared, devices, unit, nodes)}")
-        if par["trainer_devices"] > 1:
-            lines.append("  note: the split overlaps generation with training (rollout.asynchronous.max_staleness >= 1), "
-                         "which rltune takes with one trainer process only for now (lint async-unsupported): with a "
-                         "trainer on several devices its phases take turns today")
+        lines.append("  note: the split overlaps generation with training: it needs "
+                     "rollout.asynchronous.max_staleness >= 1 (docs/async.md)")
     fastest = min((k for k in ("synchronous", "colocated", "separate") if k in st), key=lambda k: st[k])
     lines.append(f"  faster for this recipe: {fastest} ({st[fastest]:.2f} s/step, "
                  f"{st['synchronous'] / st[fastest]:.2f}x the synchronous step)")

@@ -14,11 +14,11 @@ STALENESS_WARN = 4   # above this many versions: beyond what decoupled-PPO resul
 
 
 @rule("async-unsupported", "error",
-      "rollout.asynchronous.max_staleness >= 1 with rollout.engine vllm (in-process) or several ranks; "
-      "rollout.asynchronous.partial with an engine other than vllm-server or with rollout.env",
-      "the in-process vLLM engine cannot generate while the trainer trains; the producer thread's collectives are "
-      "verified on one process only; only the server can pause a request and resume it with new weights, and "
-      "an episode's tokens come from many requests whose versions are not tracked yet")
+      "rollout.asynchronous.max_staleness >= 1 with rollout.engine vllm (in-process); rollout.asynchronous.partial "
+      "with an engine other than vllm-server or with rollout.env; on_stale drop with several ranks",
+      "the in-process vLLM engine cannot generate while the trainer trains; only the server can pause a request "
+      "and resume it with new weights, and an episode's tokens come from many requests whose versions are not "
+      "tracked yet; every rank trains an equal share, which a rank dropping its stale groups would break")
 def async_unsupported(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
     a, ro, t = r.rollout.asynchronous, r.rollout, r.trainer
     if a.max_staleness == 0:
@@ -27,10 +27,10 @@ def async_unsupported(r: Recipe, ctx: Ctx) -> Iterator[Hit]:
         yield Hit("rollout.engine", "rollout.engine vllm with rollout.asynchronous.max_staleness "
                   f"{a.max_staleness}: the in-process engine cannot generate while the trainer trains",
                   "set rollout.engine: vllm-server (or hf)")
-    if t.nproc * t.nnodes > 1:
-        yield Hit("rollout.asynchronous.max_staleness", f"rollout.asynchronous.max_staleness {a.max_staleness} with "
-                  f"{t.nproc * t.nnodes} processes: generation ahead runs with one training process for now",
-                  "set trainer.nproc: 1 and trainer.nnodes: 1, or rollout.asynchronous.max_staleness: 0")
+    if a.on_stale == "drop" and t.nproc * t.nnodes > 1:
+        yield Hit("rollout.asynchronous.on_stale", f"rollout.asynchronous.on_stale drop with "
+                  f"{t.nproc * t.nnodes} processes: a rank that drops its stale groups would train fewer rows "
+                  "than the others", "set rollout.asynchronous.on_stale: regenerate")
     if a.partial and ro.engine != "vllm-server":
         yield Hit("rollout.asynchronous.partial", f"rollout.asynchronous.partial with rollout.engine {ro.engine}: "
                   "only the vllm-server engine pauses a request and resumes it with new weights",

@@ -180,11 +180,13 @@ class RewardComputer:
 
     def __call__(self, prompts: list[str], completions: list[str], columns: dict[str, list],
                  conversations: list[list[dict]] | None = None, training: bool = True,
-                 env_scores: list[float] | None = None) -> RewardResult:
+                 env_scores: list[float] | None = None, update_normaliser: bool = True) -> RewardResult:
         """`conversations`: the prompt messages of each sample ({"role", "content"} dicts, no
         assistant turn; see train.prompts.prompt_messages), for the reward model's chat template.
         None: the reward model sees each prompt as one user message. `training=False` (eval):
-        the weighted sum as is, neither normalised nor clipped, and the normaliser is untouched."""
+        the weighted sum as is, neither normalised nor clipped, and the normaliser is untouched.
+        `update_normaliser=False`: normalised with the moments as they are, which stay as they are
+        (one rank's regenerated groups: the ranks' normalisers must stay alike)."""
         n = len(completions)
         total = [0.0] * n
         raw: dict[str, list[float]] = {}
@@ -205,7 +207,8 @@ class RewardComputer:
         if not training:
             return RewardResult(total, raw)
         if self.cfg.normalize:
-            self.moments.update(self.gather(total))
+            if update_normaliser:
+                self.moments.update(self.gather(total))
             total = [(t - self.moments.mean) / (self.moments.std + 1e-8) for t in total]
         if self.cfg.clip is not None:
             c = self.cfg.clip

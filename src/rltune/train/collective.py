@@ -3,24 +3,57 @@
 Each rank holds its own prompts (whole groups), so group advantages are local; what needs
 every rank is batch-wide: advantage whitening and the step's metrics. With one rank these
 are plain local computations.
+
+A thread may take its collectives to a group of its own (`on_group`): generation ahead
+(pipeline.py) runs steps 1-2 in a producer thread on every rank while the trainer thread runs
+the update's collectives, and two threads must never share one group (each group's calls must
+come in the same order on every rank). `local()` makes a thread's collectives local to its rank.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
+
+_THREAD = threading.local()   # .group: this thread's process group (None: the default); .local: no collectives
+
+
+def _group():
+    return getattr(_THREAD, "group", None)
+
+
+def on_group(group) -> None:
+    """This thread's collectives go to `group` from now on (a producer thread's own gloo group)."""
+    _THREAD.group = group
+
+
+@contextlib.contextmanager
+def local():
+    """This thread's collectives are its rank's alone while inside (world_size() is 1): for work
+    one rank does by itself whose global figures nobody reads (async regeneration)."""
+    before = getattr(_THREAD, "local", False)
+    _THREAD.local = True
+    try:
+        yield
+    finally:
+        _THREAD.local = before
 
 
 def world_size() -> int:
     import torch.distributed as dist
 
-    return dist.get_world_size() if dist.is_initialized() else 1
+    if getattr(_THREAD, "local", False) or not dist.is_initialized():
+        return 1
+    return dist.get_world_size(_group())
 
 
 def _comm_device() -> torch.device:
     """Where collective buffers must live: the rank's GPU under nccl, else the CPU (gloo)."""
     import torch.distributed as dist
 
-    if dist.get_backend() == "nccl":
+    if dist.get_backend(_group()) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -29,7 +62,7 @@ def barrier() -> None:
     if world_size() > 1:
         import torch.distributed as dist
 
-        dist.barrier()
+        dist.barrier(group=_group())
 
 
 def broadcast_int(value: int, src: int = 0) -> int:
@@ -39,7 +72,7 @@ def broadcast_int(value: int, src: int = 0) -> int:
     import torch.distributed as dist
 
     t = torch.tensor([int(value)], dtype=torch.int64, device=_comm_device())
-    dist.broadcast(t, src=src)
+    dist.broadcast(t, src=src, group=_group())
     return int(t.item())
 
 
@@ -48,7 +81,7 @@ def broadcast_object(obj, src: int = 0):
     import torch.distributed as dist
 
     box = [obj]
-    dist.broadcast_object_list(box, src=src, device=_comm_device())
+    dist.broadcast_object_list(box, src=src, device=_comm_device(), group=_group())
     return box[0]
 
 
@@ -60,7 +93,7 @@ def gather_rows(x: torch.Tensor) -> torch.Tensor:
 
     local = x.contiguous().to(_comm_device())
     parts = [torch.empty_like(local) for _ in range(world_size())]
-    dist.all_gather(parts, local)
+    dist.all_gather(parts, local, group=_group())
     return torch.cat(parts).to(x.device)
 
 
@@ -70,7 +103,7 @@ def global_sum(values: list[float]) -> list[float]:
     import torch.distributed as dist
 
     t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=_group())
     return t.tolist()
 
 
@@ -81,7 +114,7 @@ def global_max(values: list[float]) -> list[float]:
     import torch.distributed as dist
 
     t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_group())
     return t.tolist()
 
 

@@ -20,6 +20,19 @@ trains it, from those labels (never from timing): a group with a token older tha
 generated again with the current weights or dropped (`on_stale`): a guard, since the schedule never
 produces one and a rollback or a resume discards or regenerates the batches generated ahead first.
 
+Several ranks (trainer.nproc / nnodes > 1): one producer per rank, each generating its rank's share
+of every batch, like the synchronous loop. The sampler's position is global (every rank's sampler
+takes the same steps; each keeps its slice), so no prompt is lost or repeated across ranks, and the
+lockstep schedule is the same on every rank: without partial rollouts every rank's batch j is
+sampled with the same weights. The producers' own collectives (reward normalisation, step metrics,
+dynamic sampling's agreement on the number of calls) go to a gloo group of their own
+(`collective.on_group`), so they never interleave with the trainer thread's; every producer makes
+exactly the batches the schedule allows (`allowed` is set by the same `take` on every rank), so
+every producer call has its partners. Before a sync every rank's producer has finished (a shared
+fleet must not change weights under another rank's batch). A stale group is generated again by its
+rank alone (`collective.local`: the reward normaliser is then read, not updated); `on_stale: drop`
+would leave ranks with unequal shares and is refused with several ranks.
+
 Off-policy correction (decoupled PPO; Hilton et al. 2021, used by AReaL, Fu et al. 2025, arXiv
 2505.24298): the clipped ratio's denominator is the proximal policy, the trainer's weights at the
 start of the step (the behaviour pass of the loop, step 4, or the first update's own forward),
@@ -39,6 +52,7 @@ import time
 
 import torch
 
+from . import collective
 from .console import LOG
 from .sampling import Scored, StepBatch, rescore, sample_step
 
@@ -91,13 +105,21 @@ class Pipeline:
         self.before: dict[int, tuple[dict, dict]] = dict(before or {})  # step -> (sampler, rewards) before its batch
         self.busy, self.closed, self.error = False, False, None
         self.idle_rollout = 0.0
+        self.world = collective.world_size()
+        self.mapped: set[int] = set(self.ready)     # steps whose batch holds policy versions (restored ones do)
         self._producer_c = dataclasses.replace(c, rollout=_NoSleep(self.engine))
+        self.producers = None   # the producers' process group, apart from the trainer threads' (every rank makes it)
+        if self.world > 1:
+            import torch.distributed as dist
+
+            self.producers = dist.new_group(backend="gloo")
         self.thread = threading.Thread(target=self._produce, name="rltune-rollout-producer", daemon=True)
         self.thread.start()
 
     # ------------------------------------------------------------------ producer thread
     def _produce(self) -> None:
         started = False
+        collective.on_group(self.producers)
         try:
             while True:
                 with self.cv:
@@ -113,8 +135,7 @@ class Pipeline:
                     version = int(self.engine.version)
                 batch = sample_step(self._producer_c)
                 with self.cv:
-                    _stamp(batch.batch.exp, version)
-                    self._to_policy(batch.batch.exp)
+                    _stamp(batch.batch.exp, version)   # engine labels: mapped to policy versions when taken
                     self.ready[j], self.next, self.busy = batch, j + 1, False
                     self.cv.notify_all()
         except BaseException as err:  # noqa: BLE001 - handed to the trainer thread, raised there
@@ -138,7 +159,9 @@ class Pipeline:
             self.allowed = min(step + self.K, self.last)
             self.cv.notify_all()
             self._wait(lambda: step in self.ready)
+            self._map_ready()
             drawn = self.ready.pop(step)
+            self.mapped.discard(step)
             self.before.pop(step, None)
             idle_rollout, self.idle_rollout = self.idle_rollout, 0.0
         idle_trainer = time.perf_counter() - t0
@@ -154,6 +177,8 @@ class Pipeline:
             target = min(step + self.K, self.last)
             with self.cv:
                 self._wait(lambda: self.next > target)
+            if self.world > 1:   # every rank's batch of step + K is made before any weights change
+                collective.barrier()
         waited = time.perf_counter() - t0
         with self.cv:   # before the sync: with partial rollouts tokens carry its label as soon as it ends
             self.policy_of[int(self.engine.version) + 1] = step
@@ -162,6 +187,16 @@ class Pipeline:
             self.policy = step
             self.cv.notify_all()
         return ms, waited
+
+    def _map_ready(self) -> None:
+        """The batches made since the last call: engine labels -> policy versions (the trainer
+        thread, holding cv). Mapped here, not in the producer: with partial rollouts on a fleet
+        that several ranks share, a token may carry the label of a sync that rank 0 began before
+        this rank's trainer thread registered it; by the time this rank takes a batch it has."""
+        for j, b in self.ready.items():
+            if j not in self.mapped:
+                self._to_policy(b.batch.exp)
+                self.mapped.add(j)
 
     def _to_policy(self, exp) -> None:
         """The engine's labels (its sync count per token) -> policy versions, in place; -1 stays
@@ -181,7 +216,7 @@ class Pipeline:
         m = {"async/dropped": 0.0, "async/regenerated": 0.0}
         if stale_groups:
             keep = [g for g in range(exp.size // G) if g not in stale_groups]
-            if self.on_stale == "drop" and keep:
+            if self.on_stale == "drop" and keep and self.world == 1:
                 drawn = _select_groups(drawn, keep, G)
                 m["async/dropped"] = float(len(stale_groups))
                 LOG.warning("[Async] %d group(s) had tokens older than rollout.asynchronous.max_staleness %d "
@@ -196,9 +231,11 @@ class Pipeline:
             exp = drawn.batch.exp
             mask = exp.train_mask.bool()
             lag = (self.policy - exp.versions).masked_fill(~mask, 0)
-        n = float(mask.sum())
-        m["async/staleness_mean"] = float(lag.sum()) / max(n, 1.0)
-        m["async/staleness_max"] = float(lag.max()) if lag.numel() else 0.0
+        # over the global batch (every rank takes the same step at once: the trainer threads' group)
+        lag_sum, n, m["async/dropped"], m["async/regenerated"] = collective.global_sum(
+            [float(lag.sum()), float(mask.sum()), m["async/dropped"], m["async/regenerated"]])
+        m["async/staleness_mean"] = lag_sum / max(n, 1.0)
+        m["async/staleness_max"] = collective.global_max([float(lag.max()) if lag.numel() else 0.0])[0]
         return drawn, m
 
     def _regenerate(self, drawn: StepBatch, stale: list[int], keep: list[int],
@@ -211,7 +248,8 @@ class Pipeline:
         try:
             rows = [drawn.batch.rows[g * G] for g in stale]
             version = int(self.engine.version)
-            fresh, fresh_lengths = rescore(self._producer_c, rows)
+            with collective.local():   # this rank's groups alone: the other ranks may have none to redo
+                fresh, fresh_lengths = rescore(self._producer_c, rows, update_normaliser=self.world == 1)
             _stamp(fresh.exp, version)
             self._to_policy(fresh.exp)
         finally:
@@ -237,6 +275,7 @@ class Pipeline:
         and plain data for `inflight-rank{R}.pt`). The entry says where every in-flight batch began
         (`before`: its sampler and reward-normaliser state), so that a resume that restores them
         can save that again, and one that cannot generates them again from the first one's."""
+        self._map_ready()   # saved as policy versions (unpack's promise)
         first = step + 1
         sampler, rewards = self.before.get(first, (self.c.sampler.state_dict(), self.c.rewards.state_dict()))
         entry = {"max_staleness": self.K, "next_step": first, "sampler_before": sampler, "rewards_before": rewards,
@@ -255,14 +294,18 @@ class Pipeline:
         """A rollback: the batches generated and not trained are discarded; the sampler goes back
         to before the first of them (no prompt is lost) and the producer waits for the next take."""
         with self.cv:
-            self.allowed = self.next - 1
-            self._wait(lambda: not self.busy)
+            if self.world == 1:
+                self.allowed = self.next - 1
+                self._wait(lambda: not self.busy)
+            else:   # every rank's producer makes the batches it was allowed (each has partners in the
+                self._wait(lambda: not self.busy and self.next > self.allowed)   # producers' group)
             if self.ready:
                 first = min(self.ready)
                 sampler, _ = self.before.get(first, (None, None))
                 if sampler is not None:
                     self.c.sampler.load_state_dict(sampler)
             self.ready.clear()
+            self.mapped.clear()
             self.before.clear()
 
     def restart(self, step: int) -> None:

@@ -380,13 +380,15 @@ def _start_pipeline(run: Run, state: dict | None, resume_path: Path | None) -> N
                             entry["next_step"], why)
     if K == 0:
         return
-    partial = run.recipe.rollout.asynchronous.partial
-    if world_size() > 1 or (partial and c.rollout.name != "vllm-server"):
-        raise TrainError(f"rollout.asynchronous.max_staleness {K} "
-                         + (f"with {world_size()} processes: generation ahead runs with one training process for now"
-                            "\n  fix: run one process, or set rollout.asynchronous.max_staleness: 0" if world_size() > 1
-                            else f"with partial rollouts needs the vllm-server engine (this run uses {c.rollout.name})"
-                            "\n  fix: set rollout.engine: vllm-server, or rollout.asynchronous.partial: false"))
+    a = run.recipe.rollout.asynchronous
+    if a.partial and c.rollout.name != "vllm-server":
+        raise TrainError(f"rollout.asynchronous.max_staleness {K} with partial rollouts needs the vllm-server "
+                         f"engine (this run uses {c.rollout.name})\n  fix: set rollout.engine: vllm-server, or "
+                         "rollout.asynchronous.partial: false")
+    if a.on_stale == "drop" and world_size() > 1:
+        raise TrainError(f"rollout.asynchronous.on_stale: drop with {world_size()} processes: a rank that drops "
+                         "groups would train fewer rows than the others\n  fix: set rollout.asynchronous.on_stale: "
+                         "regenerate")
     c.pipeline = Pipeline(c, run.start + 1, run.recipe.trainer.max_steps, inflight, before if inflight else None)
 
 

@@ -126,19 +126,21 @@ def generate_rows(c, drawn: list[dict], keys: list[int] | None = None) -> Scored
     return Scored(exp, prompts, decode(tok, exp, c.rollout), rows, conversations)
 
 
-def rescore(c, rows: list[dict]) -> tuple[Scored, torch.Tensor]:
+def rescore(c, rows: list[dict], update_normaliser: bool = True) -> tuple[Scored, torch.Tensor]:
     """Steps 1-2 for the given prompts (one dataset row per group): scored, truncated responses
     masked as asked; with their (B,) lengths. The async pipeline generates groups again that
-    outlived the staleness bound."""
-    s = score(c, generate_rows(c, rows))
+    outlived the staleness bound (`update_normaliser`: see RewardComputer)."""
+    s = score(c, generate_rows(c, rows), update_normaliser)
     lengths, _ = mask_truncated(c, s.exp)
     return s, lengths
 
 
-def score(c, s: Scored) -> Scored:
+def score(c, s: Scored, update_normaliser: bool = True) -> Scored:
     """Step 2: reward functions / model, plus the overlong penalty; fills s.exp.scores (B,)."""
     r = c.recipe
     env = {} if s.env_scores is None else {"env_scores": s.env_scores}   # rollout.env's own reward
+    if not update_normaliser:
+        env["update_normaliser"] = False
     result = c.rewards(s.prompts, s.completions, reward_columns(s.rows, c.train_set.prompt_key),
                        conversations=s.conversations, **env)
     scores = torch.tensor(result.scores, dtype=torch.float32)                        # (B,)
