@@ -332,3 +332,30 @@ def test_draw_keys_are_the_same_on_any_world_size_and_after_a_resume():
     seeds = request_seeds(3, [0, 1, 2, 0])
     assert seeds[0] == seeds[3] and len(set(seeds[:3])) == 3 and max(seeds) < 2 ** 56
     assert request_seeds(4, [0]) != request_seeds(3, [0])
+
+
+def test_episode_requests_are_seeded_by_draw_sample_and_turn_whatever_their_order():
+    """Episodes through a server (issue 49, item 5): each request's seed comes from (the run's seed,
+    the prompt's draw key, which of its group's episodes, which of the episode's requests), so a
+    turn samples the same whichever episodes share its generate call and in what order; an
+    episode's next request gets the next seed; eval episodes (no draw key) stay unseeded."""
+    from rltune.rollout.base import Sampling, turn_seeds
+    from rltune.train.episode_rows import Episode, seeded
+
+    def episodes():
+        return [Episode(None, {}, "p", [], [], "", draw=d, sample=j) for d in (7, 8) for j in range(2)]
+
+    base = Sampling(n=1, max_new_tokens=4)
+    a = episodes()
+    first = seeded(base, a, 3).seeds
+    assert len(set(first)) == 4 and max(first) < 2 ** 56
+    assert seeded(base, a, 3).seeds != first                       # the next turn: new seeds
+    assert [e.requests for e in a] == [2, 2, 2, 2]
+    b = episodes()[::-1]                                           # another order, another batch
+    assert seeded(base, b, 3).seeds == first[::-1]
+    c = episodes()
+    assert seeded(base, c[2:], 3).seeds == first[2:]               # a call holding some of them only
+    assert seeded(base, episodes(), 4).seeds != first              # another run seed
+    assert turn_seeds(3, [(7, 0, 0)])[0] == first[0]
+    unkeyed = [Episode(None, {}, "p", [], [], "")]
+    assert seeded(base, unkeyed, 3) is base and unkeyed[0].requests == 0

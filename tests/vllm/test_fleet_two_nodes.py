@@ -29,6 +29,7 @@ def _start_server(tmp_path: Path, core: int, secret: str, model: str) -> tuple[s
     port = free_port()
     cmd = ["taskset", "-c", str(core), sys.executable, "-m", "rltune.rollout.server_launch", "--host", "127.0.0.1",
            "--port", str(port), "--model", model, "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
+           "--no-enable-chunked-prefill", "--max-num-batched-tokens", "2048",
            "--enable-scale-out", "--logprobs-mode", "processed_logprobs",
            "--weight-transfer-config", '{"backend": "rltune_file"}']
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(core),

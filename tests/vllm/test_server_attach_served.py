@@ -44,6 +44,7 @@ def test_attach_to_the_documented_cpu_command_and_refuse_another_dtype(tmp_path,
     # docs/rollout-server.md, "Attaching to a running server", on a CPU
     cmd = [sys.executable, "-m", "rltune.rollout.server_launch", "--host", "127.0.0.1", "--port", str(port),
            "--model", d, "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
+           "--no-enable-chunked-prefill", "--max-num-batched-tokens", "2048",
            "--enable-scale-out", "--logprobs-mode", "processed_logprobs",
            "--weight-transfer-config", '{"backend": "rltune_file"}']
     log = open(tmp_path / "server.log", "wb")

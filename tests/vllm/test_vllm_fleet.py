@@ -194,6 +194,35 @@ def test_two_ranks_generate_ahead_through_one_fleet(tmp_path, partial):
         assert ra == pytest.approx(rb, rel=1e-6, abs=1e-7) and la == pytest.approx(lb, rel=1e-4, abs=1e-6), (a, b)
 
 
+@pytest.mark.slow   # one rank and one server, then 2 ranks and 2 replicas twice (the restart): ~5-8 min
+def test_a_trainer_rank_killed_with_a_fleet_restarts_to_the_uninterrupted_result(tmp_path):
+    """Rank 1 of 2 SIGKILLed as step 3 begins, trainer.max_restarts 1: the job restarts from
+    checkpoint 2 with a fresh fleet (the first one's guards ended its servers with rank 0), and
+    every step samples and learns what the uninterrupted run does (here one rank with one server:
+    2 ranks sharing a fleet equal it, the test above)."""
+    from trainlib import cli_env
+
+    one, path = _run(tmp_path, "one", {}, steps=4)
+    res = run_cli("train", path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    killed, path = _run(tmp_path, "killed", {"replicas": 2, "devices": [0, 1]}, steps=4)
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    data["trainer"].update(save_every=1, max_restarts=1)
+    path.write_text(yaml.safe_dump(data))
+    env = cli_env(RLTUNE_FAULTS="sigkill@3", RLTUNE_FAULT_RANK="1")
+    res = run_cli("train", path, "--nproc", "2", env=env, timeout=1500)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "was killed by SIGKILL" in res.stderr and "restart 1/1" in res.stderr
+    m = read_metrics(killed / "run")
+    assert [x["step"] for x in m] == [1, 2, 3, 4]
+    a, b = _figures(one), _figures(killed)
+    assert [x[1] for x in a] == [x[1] for x in b], (a, b)
+    for (ra, _, la), (rb, _, lb) in zip(a, b):
+        assert ra == pytest.approx(rb, rel=1e-6, abs=1e-7) and la == pytest.approx(lb, rel=1e-4, abs=1e-6), (a, b)
+
+
 def test_resume_through_a_fleet_equals_the_uninterrupted_run(tmp_path):
     """Seeded requests (issue 49, item 5): a run stopped after step 2 and resumed through a fresh fleet
     draws what the uninterrupted run drew at step 3 (the prompts' draw keys come back with the data

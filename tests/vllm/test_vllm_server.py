@@ -380,18 +380,21 @@ def test_tiny_grpo_learns_through_the_server_resumes_and_leaves_none_behind(tmp_
     assert resumed[0]["reward/mean"] > sum(rewards[:3]) / 3 + 0.2, (resumed[0]["reward/mean"], rewards)
 
 
-def test_two_runs_with_the_same_seed_repeat_through_the_server(tmp_path):
+@pytest.mark.parametrize("name", ["tiny-grpo.yaml", "tiny-guess.yaml"])
+def test_two_runs_with_the_same_seed_repeat_through_the_server(tmp_path, name):
     """Issue 49, item 5: with seeded requests a vllm-server run repeats (it did not: reward 0.081
-    vs 0.107 at step 1), as the in-process engines do."""
+    vs 0.107 at step 1), as the in-process engines do. Episodes too (tiny-guess: every turn is a
+    request, seeded by the prompt's draw, the episode's place in its group and the turn)."""
     runs = []
-    for name in ("a", "b"):
-        d = tmp_path / name
+    for sub in ("a", "b"):
+        d = tmp_path / sub
         d.mkdir()
-        path = tiny_recipe(d, "tiny-grpo.yaml", rollout__engine="vllm-server", trainer__max_steps=3,
+        path = tiny_recipe(d, name, rollout__engine="vllm-server", trainer__max_steps=3,
                            trainer__eval_every=0, trainer__seed=1)
         res = run_cli("train", path)
         assert res.returncode == 0, res.stderr[-4000:]
-        runs.append([(x["reward/mean"], x["response/length_mean"], x["actor/loss"]) for x in read_metrics(d / "run")])
+        runs.append([(x["reward/mean"], x["response/length_mean"], x["actor/loss"], x.get("episode/turns_mean"))
+                     for x in read_metrics(d / "run")])
     assert runs[0] == runs[1], runs
 
 

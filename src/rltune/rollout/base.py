@@ -41,6 +41,16 @@ def request_seeds(seed: int, keys: list[int]) -> tuple[int, ...]:
                  for k in keys)
 
 
+def turn_seeds(seed: int, draws: list[tuple[int, int, int]]) -> tuple[int, ...]:
+    """Each episode request's sampling seed from the run's seed and (the prompt's draw key, which
+    of its group's episodes, which of the episode's requests): an episode's turns then sample the
+    same on any server, rank and arrival order, as request_seeds does for one-turn prompts."""
+    import hashlib
+
+    return tuple(int.from_bytes(hashlib.blake2b(f"{int(seed)}:{int(k)}:{int(j)}:{int(t)}".encode(),
+                                                digest_size=7).digest(), "big") for k, j, t in draws)
+
+
 class RolloutEngine(Protocol):
     name: str
     eos_ids: set[int]      # token ids that end a response

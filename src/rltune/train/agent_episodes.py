@@ -45,7 +45,7 @@ from ..agents.proxy import BadRequest, ChatProxy, completion, error, normalise_m
     request_messages, same_message
 from ..agents.rendering import Renderer
 from ..rollout.base import Sampling
-from .episode_rows import Episode, Played, append_turn, episode_metrics, experience, restart, sampled, \
+from .episode_rows import Episode, Played, append_turn, episode_metrics, experience, restart, sampled, seeded, \
     warn_long_prompts
 from .prompts import prompt_text
 
@@ -74,12 +74,15 @@ class _Request:
         self.failed = ""
 
 
-def play_agents(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> Played:
+def play_agents(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False,
+                keys: list[int] | None = None) -> Played:
     """`n` episodes of every row, each one run of the agent; see the module docstring."""
     fn = c.env[0]
     run = _AgentRun(c, fn, greedy)
+    run.seed = c.sampler.seed if keys is not None else 0   # the run's: with the draw keys, each request's seed
     episodes = [AgentEpisode(AgentSession(fn), row, prompt_text(row, prompt_key), [], [], "", key=secrets.token_hex(8),
-                             index=i * n + j, limit=c.recipe.rollout.max_episode_tokens)
+                             index=i * n + j, limit=c.recipe.rollout.max_episode_tokens,
+                             draw=None if keys is None else keys[i], sample=j)
                 for i, row in enumerate(rows) for j in range(n)]
     run.play(episodes)
     c.rollout.sleep()
@@ -109,6 +112,7 @@ class _AgentRun:
         self.ro = c.recipe.rollout
         self.max_prompt = c.recipe.data.max_prompt_length
         self.sampling = Sampling.from_recipe(self.ro, 1, greedy=greedy)
+        self.seed = 0                                # the run's seed where episodes are seeded (play_agents)
         self.eos = set(c.rollout.eos_ids)
         self.cond = threading.Condition()
         self.pending: list[_Request] = []
@@ -174,7 +178,8 @@ class _AgentRun:
 
     def _generate(self, batch: list[_Request]) -> None:
         try:
-            out = self.c.rollout.generate([r.ids for r in batch], self.sampling)
+            out = self.c.rollout.generate([r.ids for r in batch],
+                                          seeded(self.sampling, [r.e for r in batch], self.seed))
         except BaseException:
             with self.cond:
                 for r in batch:

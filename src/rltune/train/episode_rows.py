@@ -33,6 +33,24 @@ class Episode:
                                          # own rollout.max_new_tokens: reward.overlong and clip_ratio read it)
     breaks: int = 0                      # prefix breaks: the sample restarted from a re-rendered prompt
     untrained: int = 0                   # model tokens that became context at a break
+    draw: int | None = None              # the prompt's draw key (None: not seeded) and which of its group's
+    sample: int = 0                      # episodes this is: with `requests` they seed each request on a
+    requests: int = 0                    # server engine (rollout.base.turn_seeds)
+
+
+def seeded(sampling, episodes: list[Episode], seed: int):
+    """`sampling` with one seed per episode's next request (each episode's `requests` counted up);
+    unchanged where an episode has no draw key (eval, a regenerated group)."""
+    from dataclasses import replace
+
+    from ..rollout.base import turn_seeds
+
+    if not episodes or any(e.draw is None for e in episodes):
+        return sampling
+    draws = [(e.draw, e.sample, e.requests) for e in episodes]
+    for e in episodes:
+        e.requests += 1
+    return replace(sampling, seeds=turn_seeds(seed, draws))
 
 
 @dataclass
@@ -177,5 +195,5 @@ def _part_sums(sessions) -> dict:
     return out
 
 
-__all__ = ["Episode", "Played", "append_turn", "episode_metrics", "experience", "restart", "sampled",
+__all__ = ["Episode", "Played", "append_turn", "episode_metrics", "experience", "restart", "sampled", "seeded",
            "warn_long_prompts"]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..rollout.base import Sampling
 from ..rollout.experience import Experience
-from .episode_rows import Episode, Played, append_turn, episode_metrics, experience, restart, sampled, \
+from .episode_rows import Episode, Played, append_turn, episode_metrics, experience, restart, sampled, seeded, \
     warn_long_prompts
 from .prompts import prompt_messages, prompt_text
 
@@ -65,8 +65,9 @@ def close_environment(env) -> None:
         stop()
 
 
-def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> Played:
-    """`n` episodes of every row, to their end; see the module docstring for the turns."""
+def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False, keys: list[int] | None = None) -> Played:
+    """`n` episodes of every row, to their end; see the module docstring for the turns. `keys`:
+    the rows' draw keys, which seed every request on a server engine (episode_rows.seeded)."""
     from ..agents.env import Session, gives_reward
     from ..agents.rendering import clean_messages
     from ..agents.isolate import EnvPool
@@ -79,26 +80,27 @@ def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False) -> 
     if is_agent(cls):   # rollout.env names an agent function: its own code drives the episodes
         from .agent_episodes import play_agents
 
-        return play_agents(c, rows, prompt_key, n, greedy)
+        return play_agents(c, rows, prompt_key, n, greedy, keys)
     eos = set(c.rollout.eos_ids)
     episodes: list[Episode] = []
     lengths: list[int | None] = []       # of the prompts, untruncated (None: too long to count): warn_long_prompts
-    for row in rows:
-        for _ in range(n):
+    for i, row in enumerate(rows):
+        for j in range(n):
             session = cls.session() if isinstance(cls, EnvPool) else Session(cls, ro.tool_timeout_s)
             messages = render.start(clean_messages(session.start(row, prompt_messages(row, prompt_key, r.data))))
             text = render.text(messages)
             ids, length = render.prompt_ids(text, r.data.max_prompt_length)   # a flood: only its end is tokenised
             lengths.append(length)
             episodes.append(Episode(session, row, prompt_text(row, prompt_key), messages, ids, text,
-                                    limit=ro.max_episode_tokens))
+                                    limit=ro.max_episode_tokens, draw=None if keys is None else keys[i], sample=j))
     warn_long_prompts(render, lengths, r.data.max_prompt_length)
     sampling = Sampling.from_recipe(ro, 1, greedy=greedy)
+    seed = c.sampler.seed if keys is not None else 0      # the run's: with the draw keys, each request's seed
     for _turn in range(ro.max_turns):
         active = [e for e in episodes if not e.done]
         if not active:
             break
-        out = c.rollout.generate([e.prompt_ids + e.tokens for e in active], sampling)
+        out = c.rollout.generate([e.prompt_ids + e.tokens for e in active], seeded(sampling, active, seed))
         for i, e in enumerate(active):
             _take_turn(e, out, i, eos, tok, render, ro, r.data.max_prompt_length,
                        last_turn=_turn == ro.max_turns - 1)

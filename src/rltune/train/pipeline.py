@@ -112,7 +112,10 @@ class Pipeline:
         if self.world > 1:
             import torch.distributed as dist
 
-            self.producers = dist.new_group(backend="gloo")
+            from datetime import timedelta
+
+            wait = timedelta(seconds=float(c.recipe.trainer.collective_timeout_s))   # a stalled peer, as the trainer's
+            self.producers = dist.new_group(backend="gloo", timeout=wait)
         self.thread = threading.Thread(target=self._produce, name="rltune-rollout-producer", daemon=True)
         self.thread.start()
 

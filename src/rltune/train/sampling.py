@@ -110,7 +110,7 @@ def generate_rows(c, drawn: list[dict], keys: list[int] | None = None) -> Scored
     if c.env is not None:   # rollout.env: episodes, turn by turn (episodes.py)
         from .episodes import play
 
-        ep = play(c, drawn, c.train_set.prompt_key, n)
+        ep = play(c, drawn, c.train_set.prompt_key, n, keys=keys)
         return Scored(ep.exp, ep.prompts, ep.completions, ep.rows, ep.conversations, {}, ep.env_scores, ep.metrics)
     ids, prompts, rows, conversations = [], [], [], []
     for row in drawn:
