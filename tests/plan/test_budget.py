@@ -373,13 +373,41 @@ def test_a_started_vllm_server_sleeps_beside_the_trainer_as_the_in_process_engin
         assert len(awake["vLLM KV cache"]) > 1 and len(awake["vLLM weights"]) > 1, awake
 
 
-def test_a_fleet_is_named_in_the_notes_as_budgeted_for_one_server(llama7b):
+def test_a_fleet_on_gpus_is_budgeted_per_replica_and_named_in_the_notes(llama7b):
     base = SEVEN_B.format(path=llama7b, zero=3, nproc=8).replace("engine: hf", "engine: vllm-server")
     hw = Hardware("cuda", gpus=8, mem_bytes=80 * GiB)
-    assert not [n for n in estimate(recipe_of(base), hw).notes if "a fleet" in n]
+    one = estimate(recipe_of(base), hw)
+    assert not [n for n in one.notes if "a fleet" in n]
     fleet = base.replace("engine: vllm-server", "engine: vllm-server, server: {replicas: 2, devices: [6, 7]}")
-    (note,) = [n for n in estimate(recipe_of(fleet), hw).notes if "a fleet" in n]
-    assert note.startswith("rollout.server replicas 2: a fleet; what follows budgets one server")
+    plan = estimate(recipe_of(fleet), hw)
+    (note,) = [n for n in plan.notes if "a fleet" in n]
+    assert note.startswith("rollout.server.replicas 2: a fleet rank 0 starts; each replica holds its own copy")
+    # a replica per device group: the device that holds one holds one server's weights and KV cache
+    assert item(plan, "vLLM weights") == item(estimate(recipe_of(base.replace(
+        "engine: vllm-server", "engine: vllm-server, server: {devices: [7]}")), hw), "vLLM weights")
+
+
+def test_a_cpu_fleet_counts_every_replica_and_attached_servers_none():
+    """On a CPU the replicas rank 0 starts share the machine's memory: each its own runtime, weights
+    and KV cache (vllm_server sizes every replica's as one server's). Attached servers (urls) run
+    elsewhere: not counted, as one attached url is not."""
+    base = TINY.replace("rollout: {engine: hf, ", "rollout: {engine: vllm-server, ")
+    assert "engine: vllm-server" in base
+    one = estimate(recipe_of(base), Hardware("cpu"))
+    two = estimate(recipe_of(base.replace("engine: vllm-server, ",
+                                          "engine: vllm-server, server: {replicas: 2, devices: [0, 1]}, ")),
+                   Hardware("cpu"))
+    for name in ("vLLM server processes (runtime)", "vLLM weights", "vLLM KV cache"):
+        assert item(two, f"{name} x 2 replicas") == 2 * item(one, name), name
+    assert two.peak - one.peak == sum(item(one, n) for n in (
+        "vLLM server processes (runtime)", "vLLM weights", "vLLM KV cache"))
+    (note,) = [n for n in two.notes if "a fleet" in n]
+    assert "counted x2 in rank 0's budget" in note
+    attached = estimate(recipe_of(base.replace(
+        "engine: vllm-server, ", "engine: vllm-server, server: {urls: [http://10.0.0.5:8000, http://10.0.0.6:8000], "
+        "secret_env: S}, ")), Hardware("cpu"))
+    assert not [n for n in names(attached) if n.startswith("vLLM")]
+    assert any(n.startswith("rollout.server.urls (2 servers): attached servers'") for n in attached.notes)
 
 
 def test_server_sleeps_only_beside_the_trainer_on_cuda():

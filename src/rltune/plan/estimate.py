@@ -503,18 +503,24 @@ def _rollout_items(recipe, hw, arch, engine, world, cpu, add, notes) -> dict:
         return {"bytes": kvb, "tokens": seqs * seq, "sequences": seqs, "per_token_bytes": arch.kv_bytes_per_token(rb)}
     server = engine == "vllm-server"
     srv = recipe.rollout.server
-    if server and (srv.replicas > 1 or srv.urls):
-        notes.append(f"rollout.server {'urls' if srv.urls else f'replicas {srv.replicas}'}: a fleet; what follows "
-                     "budgets one server, and each started replica holds its own copy of the weights and its own "
-                     "KV cache on its share of rollout.server.devices; a fleet shared by several training processes never "
-                     "sleeps (docs/rollout-server.md, 'A fleet of servers')")
-    if server and recipe.rollout.server.url:
-        notes.append(f"rollout.server.url {recipe.rollout.server.url}: the attached server's weights and KV cache "
-                     "are on its own devices, not budgeted here")
+    k = srv.replicas if server and not srv.urls else 1   # started servers; on a CPU all in this machine's memory
+    if server and k > 1:
+        notes.append(f"rollout.server.replicas {k}: a fleet rank 0 starts; "
+                     + (f"on a CPU all {k} replicas are in this machine's memory, each with its own runtime, weights "
+                        f"and KV cache: counted x{k} in rank 0's budget (the other ranks start none)" if cpu else
+                        "each replica holds its own copy of the weights and its own KV cache on its share of "
+                        "rollout.server.devices: what follows is one replica's, on a device it shares with a trainer "
+                        "rank")
+                     + "; a fleet shared by several training processes never sleeps (docs/rollout-server.md, "
+                     "'A fleet of servers')")
+    if server and (srv.url or srv.urls):
+        where = f"rollout.server.url {srv.url}" if srv.url else f"rollout.server.urls ({len(srv.urls)} servers)"
+        notes.append(f"{where}: attached servers' weights and KV caches are on their own devices, not budgeted here")
         return {"bytes": None, "tokens": None, "sequences": None, "per_token_bytes": None}
+    times = f" x {k} replicas" if k > 1 and cpu else ""
     if server:   # its own processes: their runtime (CPU) or CUDA context (GPU)
         if cpu:
-            add("vLLM server processes (runtime)", VLLM_SERVER_CPU_RUNTIME, ALL,
+            add("vLLM server processes (runtime)" + times, VLLM_SERVER_CPU_RUNTIME * k, ALL,
                 "API server, engine core and worker of rollout.engine vllm-server (measured, plan/estimate.py)")
         else:
             add("vLLM server CUDA context", CUDA_CONTEXT, ALL, "the server process's own")
@@ -532,9 +538,11 @@ def _rollout_items(recipe, hw, arch, engine, world, cpu, add, notes) -> dict:
             mml = int(recipe.rollout.max_model_len or default_max_model_len(seq, None))
             kvb, how = cpu_kv_cache_bytes(seqs, seq, mml, per_token)
             how = "rollout.cpu_kvcache_gb auto: " + how
-        add("vLLM weights", weights, ALL, f"its own copy, {b} B/param (vLLM on CPU does not sleep)")
-        add("vLLM KV cache", kvb, ALL, how)
-        tokens = kvb // per_token
+        tokens = kvb // per_token                            # one server's (each replica's)
+        if k > 1:
+            how += f"; each of the {k} replicas sizes its own so"
+        add("vLLM weights" + times, weights * k, ALL, f"its own copy, {b} B/param (vLLM on CPU does not sleep)")
+        add("vLLM KV cache" + times, kvb * k, ALL, how)
         return {"bytes": kvb, "tokens": tokens, "sequences": tokens // seq, "per_token_bytes": per_token}
     # GPU: vLLM takes gpu_memory_utilization of the card (weights + working reserve + KV cache); with
     # sleep mode it frees all of it (weights to host memory, KV cache dropped) while the trainer runs
