@@ -19,7 +19,8 @@ def _examples(tmp_path) -> Path:
 
 
 def test_the_documented_environments_work(tmp_path):
-    from rltune.agents.env import Session, check_env_file, env_defines_reward, load_env_class
+    from rltune.agents.env import check_env_file, env_defines_reward, load_env_class
+    from rltune.agents.session import Session
 
     path = _examples(tmp_path)
     for name in ("Lookup", "Guess"):

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from rltune.agents.builtin import BUILTIN_ENVS, Calculator, Guess, calculator_rows, guess_rows, safe_eval
-from rltune.agents.env import Session
+from rltune.agents.session import Session
 from rltune.agents.tools import ToolCall, call_tool
 
 

@@ -1,4 +1,4 @@
-"""agents.env: loading environment classes, checking files without running them, Session."""
+"""agents.env and agents.session: loading environment classes, checking files without running them, Session."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import time
 import pytest
 
 from rltune.agents.builtin import Calculator, Guess
-from rltune.agents.env import (EnvError, Session, check_env_file, env_defines_reward, env_file_problems,
-                               gives_reward, kind_of, load_env_class)
+from rltune.agents.env import (EnvError, check_env_file, env_defines_reward, env_file_problems, gives_reward,
+                               kind_of, load_env_class)
+from rltune.agents.session import Session
 from rltune.errors import UserError
 
 PROMPT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]

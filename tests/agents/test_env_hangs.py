@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from rltune.agents.env import EnvError, Session
+from rltune.agents.env import EnvError
+from rltune.agents.session import Session
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [{"role": "user", "content": "What is 2+2?"}]
@@ -103,7 +104,8 @@ def test_creating_an_environment_that_never_returns_is_abandoned_and_named():
 
 SCRIPT = textwrap.dedent("""
     import signal, sys, threading
-    from rltune.agents.env import EnvError, Session
+    from rltune.agents.env import EnvError
+    from rltune.agents.session import Session
     from rltune.train.session import Stop
 
     class Hangs:

@@ -9,7 +9,8 @@ environment file without running it. Standard library only: no torch, no transfo
 from __future__ import annotations
 
 from .builtin import BUILTIN_ENVS, Calculator, Guess, calculator_rows, guess_rows
-from .env import EnvError, Session, check_env_file, env_defines_reward, gives_reward, kind_of, load_env_class
+from .env import EnvError, check_env_file, env_defines_reward, gives_reward, kind_of, load_env_class
+from .session import Session
 from .tools import ToolCall, call_tool, parse_tool_calls, tool_methods, tool_schema, tool_schemas
 
 __all__ = ["BUILTIN_ENVS", "Calculator", "Guess", "calculator_rows", "guess_rows",

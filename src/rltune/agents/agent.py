@@ -6,7 +6,7 @@ for `async def run`) whose base URL is the recording endpoint of agents/proxy.py
 episode's data row. Whatever it does between its `client.chat.completions.create(...)` calls
 (tools, a sandbox, a simulator) is the environment; what it returns is the episode's reward.
 
-`AgentSession` carries the counters an episode reports (the ones `Session` has, env.py);
+`AgentSession` carries the counters an episode reports (the ones `Session` has, session.py);
 `Clients` builds the OpenAI clients. Recognising and checking an agent function (is_agent,
 check_agent, and check_agent_def for `validate`) lives in env.py, which loads every `rollout.env`.
 """
@@ -54,7 +54,7 @@ class Clients:
 
 
 class AgentSession:
-    """One episode of an agent: its counters (as env.Session's), its result and its timing.
+    """One episode of an agent: its counters (as session.Session's), its result and its timing.
 
     turns: model turns that ended (EOS) and went back to the agent; tool_calls: tool calls the model wrote (returned as `tool_calls`);
     parse_errors: calls it tried to write and that could not be read; env_time_s: the agent's

@@ -30,7 +30,8 @@ START_S = 120.0          # the worker's start (python, the environment's imports
 
 def _worker_main(conn, spec: str, base_dir: str | None, tool_timeout_s: float) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the trainer's; it stops us
-    from .env import Session, gives_reward, kind_of, load_env_class
+    from .env import gives_reward, kind_of, load_env_class
+    from .session import Session
     from .tools import tool_schemas
 
     try:

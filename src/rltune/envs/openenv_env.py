@@ -181,7 +181,7 @@ def _module_problems(name: str) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------- loading (train)
 
 def load_env(name: str, args: dict, base_dir: Path | None = None) -> type:
-    """The turns-environment class rltune's episodes drive (agents/env.py: Session), bound to a
+    """The turns-environment class rltune's episodes drive (agents/session.py: Session), bound to a
     server: the one at env_args.url, or a child started now. EnvError (one line: openenv, the
     environment, the fix) when the arguments, the library or the server are not usable."""
     from ..agents.env import EnvError

@@ -287,7 +287,7 @@ class _AgentRun:
         """The sampled turn on the end of `e`, and the chat completion that answers the request."""
         prompt_tokens = len(e.prompt_ids) + len(e.tokens)
         append_turn(e, ids, logp, self.eos, self.c.tokenizer)
-        e.session.turns += e.answered      # turns the agent got to answer (as env.Session counts them)
+        e.session.turns += e.answered      # turns the agent got to answer (as session.Session counts them)
         turn = len(e.replies) + 1
         message, calls, unreadable = reply_message(e.last_text, offer_tools, f"call-{e.index}-{turn}")
         e.session.tool_calls += calls

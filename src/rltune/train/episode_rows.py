@@ -14,7 +14,7 @@ from ..rollout.experience import Experience
 
 @dataclass
 class Episode:
-    session: object                      # agents.env.Session
+    session: object                      # agents.session.Session
     row: dict
     prompt: str                          # the row's prompt text (what reward functions get as prompt)
     messages: list[dict]                 # the conversation so far

@@ -68,7 +68,8 @@ def close_environment(env) -> None:
 def play(c, rows: list[dict], prompt_key: str, n: int, greedy: bool = False, keys: list[int] | None = None) -> Played:
     """`n` episodes of every row, to their end; see the module docstring for the turns. `keys`:
     the rows' draw keys, which seed every request on a server engine (episode_rows.seeded)."""
-    from ..agents.env import Session, gives_reward
+    from ..agents.env import gives_reward
+    from ..agents.session import Session
     from ..agents.rendering import clean_messages
     from ..agents.isolate import EnvPool
 
