@@ -89,3 +89,23 @@ def test_a_resume_on_one_rank_generates_the_batches_ahead_again_and_loses_no_pro
 
     assert state(parts)["sampler"] == state(whole)["sampler"]
     assert state(parts)["async"]["sampler_before"] == state(whole)["async"]["sampler_before"]
+
+
+def test_a_rollback_on_two_ranks_discards_every_ranks_batches_ahead(tmp_path):
+    """autotune's rollback under K = 1 on 2 ranks (the single-rank case: test_async.py): a hard spike
+    at step 6 restores checkpoint 4. Every rank's producer first makes the batch it was allowed (its
+    partner in the producers' group waits for it), then both are discarded; the steps taken again
+    start from batches sampled with the restored weights (lag 0, then 1), none past the bound."""
+    rollback = {"enabled": True, "mode": "act", "rollback": True, "rollback_every": 2, "max_rollbacks": 1}
+    env = cli_env(RLTUNE_FAULTS="actor_inf@5,actor_inf@6")
+    run, _, res = _run(tmp_path, "rb", "tiny-grpo.yaml", "--nproc", "2", env=env, trainer__max_steps=8,
+                       trainer__keep_checkpoints=10, trainer__seed=3, autotune=rollback, reward__normalize=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "goes back to step 4" in res.stderr
+    m = read_metrics(run)
+    assert [x["step"] for x in m] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]
+    assert [x["async/staleness_max"] for x in m] == [0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    assert all(x["async/dropped"] == 0 and x["async/regenerated"] == 0 for x in m)
+    # the normaliser counted the kept steps' batches only, both ranks' rows (8 steps x 64 sequences)
+    last = sorted((run / "checkpoints").glob("step-*"))[-1]
+    assert json.loads((last / "state.json").read_text())["rewards"]["count"] == 8 * 64
