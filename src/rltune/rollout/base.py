@@ -30,25 +30,27 @@ class Sampling:
                    stop=tuple(rollout_cfg.stop), greedy=greedy or not rollout_cfg.do_sample)
 
 
+def _seed_of(*parts: int) -> int:
+    """A sampling seed hashed from integers: < 2**56, so a server's per-sample seeds (seed + sample
+    index) stay in int64."""
+    import hashlib
+
+    text = ":".join(str(int(x)) for x in parts)
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "big")
+
+
 def request_seeds(seed: int, keys: list[int]) -> tuple[int, ...]:
     """Each prompt's sampling seed from the run's seed and its draw key (PromptSampler.draw_key):
     what a request samples then depends on neither the order requests reach a server nor which
-    server (or rank) serves them. < 2**56, so a server's per-sample seeds (seed + sample index)
-    stay in int64."""
-    import hashlib
-
-    return tuple(int.from_bytes(hashlib.blake2b(f"{int(seed)}:{int(k)}".encode(), digest_size=7).digest(), "big")
-                 for k in keys)
+    server (or rank) serves them."""
+    return tuple(_seed_of(seed, k) for k in keys)
 
 
 def turn_seeds(seed: int, draws: list[tuple[int, int, int]]) -> tuple[int, ...]:
     """Each episode request's sampling seed from the run's seed and (the prompt's draw key, which
     of its group's episodes, which of the episode's requests): an episode's turns then sample the
     same on any server, rank and arrival order, as request_seeds does for one-turn prompts."""
-    import hashlib
-
-    return tuple(int.from_bytes(hashlib.blake2b(f"{int(seed)}:{int(k)}:{int(j)}:{int(t)}".encode(),
-                                                digest_size=7).digest(), "big") for k, j, t in draws)
+    return tuple(_seed_of(seed, k, j, t) for k, j, t in draws)
 
 
 class RolloutEngine(Protocol):

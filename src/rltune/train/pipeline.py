@@ -193,7 +193,7 @@ class Pipeline:
 
     def _map_ready(self) -> None:
         """The batches made since the last call: engine labels -> policy versions (the trainer
-        thread, holding cv). Mapped here, not in the producer: with partial rollouts on a fleet
+        thread, the producer holding none of them). Mapped here, not in the producer: with partial rollouts on a fleet
         that several ranks share, a token may carry the label of a sync that rank 0 began before
         this rank's trainer thread registered it; by the time this rank takes a batch it has."""
         for j, b in self.ready.items():
@@ -219,7 +219,7 @@ class Pipeline:
         m = {"async/dropped": 0.0, "async/regenerated": 0.0}
         if stale_groups:
             keep = [g for g in range(exp.size // G) if g not in stale_groups]
-            if self.on_stale == "drop" and keep and self.world == 1:
+            if self.on_stale == "drop" and keep:   # one rank only: _start_pipeline refuses drop on several
                 drawn = _select_groups(drawn, keep, G)
                 m["async/dropped"] = float(len(stale_groups))
                 LOG.warning("[Async] %d group(s) had tokens older than rollout.asynchronous.max_staleness %d "

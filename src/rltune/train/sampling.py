@@ -138,11 +138,11 @@ def rescore(c, rows: list[dict], update_normaliser: bool = True) -> tuple[Scored
 def score(c, s: Scored, update_normaliser: bool = True) -> Scored:
     """Step 2: reward functions / model, plus the overlong penalty; fills s.exp.scores (B,)."""
     r = c.recipe
-    env = {} if s.env_scores is None else {"env_scores": s.env_scores}   # rollout.env's own reward
+    extra = {} if s.env_scores is None else {"env_scores": s.env_scores}   # rollout.env's own reward
     if not update_normaliser:
-        env["update_normaliser"] = False
+        extra["update_normaliser"] = False
     result = c.rewards(s.prompts, s.completions, reward_columns(s.rows, c.train_set.prompt_key),
-                       conversations=s.conversations, **env)
+                       conversations=s.conversations, **extra)
     scores = torch.tensor(result.scores, dtype=torch.float32)                        # (B,)
     s.raw = dict(result.raw)
     if r.reward.overlong is not None:
