@@ -37,7 +37,14 @@ MICRO, PER_UPDATE, GROUP, NEW_TOKENS = 2, 8, 4, 6
 # the factors a case may leave out take these values (the matrix before they were factors)
 DEFAULTS = {"filter": False, "lora": "none", "ratio_level": "token", "policy_loss": "ppo",
             "mask_truncated": False, "overlong": False, "top_p": 1.0, "episodes": False, "stale": False,
-            "mb_tokens": None, "checkpointing": False, "padding_free": False}
+            "mb_tokens": None, "checkpointing": False, "padding_free": False, "breaks": False}
+# a chat template that rewrites history (as Qwen3 drops past <think> blocks): a past assistant turn is
+# shown by its first three characters only, so an episode whose turn was longer breaks its prefix there and
+# goes on as a new sample (docs/agents.md, "Tokens"); a shorter turn does not break
+BREAKING_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {% if m['role'] == 'assistant' and not loop.last %}"
+    "{{ m['content'][:3] }}{% else %}{{ m['content'] }}{% endif %}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}")
 LORA = {"d0": {"r": 8, "alpha": 16, "dropout": 0.0}, "d05": {"r": 8, "alpha": 16, "dropout": 0.05}}
 
 
@@ -100,7 +107,7 @@ def scripted_rewards(prompts, completions, columns, conversations=None, training
     return RewardResult(scores, {"scripted": scores})
 
 
-def global_experience(recipe, updates: int):
+def global_experience(recipe, updates: int, breaks: bool = False):
     """updates x PER_UPDATE sequences (GROUP samples per prompt), identical on every rank: the
     trainer's steps 1-2 with a one-rank view of the prompts (a 2-rank run then splits them)."""
     from types import SimpleNamespace
@@ -119,6 +126,8 @@ def global_experience(recipe, updates: int):
         from rltune.agents.rendering import Renderer
 
         game = load_env_class(recipe.rollout.env)     # builtin:guess, or the agent function
+        if breaks:
+            tok.chat_template = BREAKING_TEMPLATE
         env, engine, model = (game, Renderer(tok, None)), GuessingEngine(tok), engine.model
     c = SimpleNamespace(recipe=recipe, tokenizer=tok, rollout=engine, rewards=scripted_rewards,
                         train_set=SimpleNamespace(rows=rows, prompt_key="prompt"), dist=SimpleNamespace(is_main=False),
@@ -137,14 +146,20 @@ def global_experience(recipe, updates: int):
     drawn = sample_step(c)
     exp = drawn.batch.exp
     assert exp.size == updates * PER_UPDATE, exp.size
+    samples = [exp] if exp.earlier is None else [exp, exp.earlier]   # and those before a prefix break
     if recipe.rollout.env:   # what a real engine reports: the policy's log-probs of the guesses, at every turn
         from rltune.train.update import forward_logp
 
-        exp.rollout_logp = forward_logp(model, exp, 1.0, MICRO)
+        for e in samples:
+            e.rollout_logp = forward_logp(model, e, 1.0, MICRO)
     g = torch.Generator().manual_seed(99)
     # the rollout engine's log-probs with a mismatch, so that the correction has work to do
-    noise = 0.3 * torch.randn(exp.response_mask.shape, generator=g)
-    exp.rollout_logp = (exp.rollout_logp + noise) * exp.train_mask
+    for e in samples:
+        noise = 0.3 * torch.randn(e.response_mask.shape, generator=g)
+        e.rollout_logp = (e.rollout_logp + noise) * e.train_mask
+    if breaks:   # some episodes broke (rows of their own), some did not: the ranks' rows differ
+        owners = exp.earlier.owner.unique().numel() if exp.earlier is not None else 0
+        assert 0 < owners < exp.size, owners
     if recipe.rollout.env:   # episodes: several turns each, the environment's tokens between them
         env_tokens = exp.response_mask - exp.train_mask
         assert float(env_tokens.sum()) > 0 and drawn.metrics["episode/turns_mean"] > 1, drawn.metrics
@@ -193,7 +208,8 @@ class GuessingEngine:
 
 def rank_rows(total: int, updates: int, rank: int, world: int) -> torch.Tensor:
     """Update u of a 1-rank run holds rows [u*P, (u+1)*P); each rank takes its slice of it, so
-    the ranks' update u together is the 1-rank update u (whole groups: P/world % GROUP == 0)."""
+    the ranks' update u together is the 1-rank update u (whole groups: P/world % GROUP == 0). Rows
+    here are episodes: the samples before a prefix break go with theirs (`Experience.select`)."""
     per = PER_UPDATE // world
     return torch.cat([torch.arange(u * PER_UPDATE + rank * per, u * PER_UPDATE + (rank + 1) * per)
                       for u in range(updates)])
@@ -258,6 +274,14 @@ def unshuffled(e, micro: int, size: int, gen, group: int = 1, max_tokens=None, l
     whole groups (`batching.cut`)."""
     from rltune.train import batching
 
+    if e.episode is not None:   # rows of episodes: update u holds episodes [u*size, (u+1)*size), every row
+        E = int(e.episode.max()) + 1
+        unit = batching.group_rows(E, group)
+        out = []
+        for u in range(0, E, size):
+            rows = ((e.episode >= u) & (e.episode < u + size)).nonzero().reshape(-1)
+            out.append(batching.cut(e, rows, micro, unit, max_tokens, layout, e.episode[rows] // unit))
+        return out
     if max_tokens is not None:
         unit = batching.group_rows(size, group)
         return [batching.cut(e, torch.arange(u, min(u + size, e.size)), micro, unit, max_tokens, layout)
@@ -274,6 +298,7 @@ def main() -> int:
     from rltune.algo import make_kl_controller
     from rltune.recipe.knobs import Knobs
     from rltune.train import batching, loop, shared_prompt, update
+    from rltune.train.collective import global_max, global_sum
 
     # the tiny model saves too little for the shared-prompt passes to pay off: force them, so the
     # matrix (2 ranks, every ZeRO stage, the critic) runs them
@@ -285,8 +310,10 @@ def main() -> int:
     torch.manual_seed(0)
     r = recipe_for(case)
     U = r.train.updates_per_step
-    full, sampled = global_experience(r, U)
+    full, sampled = global_experience(r, U, case.get("breaks", False))
     exp = full.select(rank_rows(full.size, U, dist.rank, dist.world_size))
+    if r.rollout.env:   # the learner's rows: one per sample (rows of their own after a prefix break)
+        exp = exp.rows(0)
     total = 10 * r.optimizer_updates_per_step
     actor = fresh_actor(r, total)
     # the reference as setup builds it: the actor with its adapter disabled under LoRA
@@ -298,14 +325,30 @@ def main() -> int:
     loop.micro_batches = unshuffled   # no shuffling: the ranks' update u holds the rows of the 1-rank update u
     recorder = LossRecorder(update.policy_loss)
     update.policy_loss = recorder
+    sizes, run_update = [], loop.run_update
+
+    def counted(engine, mbs, *args, **kw):   # micro-batches per actor update (they vary with rows of episodes)
+        if engine is c.actor:
+            sizes.append(len(mbs))
+        return run_update(engine, mbs, *args, **kw)
+
+    loop.run_update = counted
+    fillers, cut = [0], batching.cut
+
+    def counting_cut(*args, **kw):   # micro-batches that only keep this rank in step (batching.filler)
+        out = cut(*args, **kw)
+        fillers[0] += sum(mb.filler for mb in out)
+        return out
+
+    batching.cut = counting_cut
     learned = loop.learn(c, exp, knobs, torch.Generator().manual_seed(0))
-    per_update = len(recorder.calls) // max(1, len(learned.actor))
+    loop.run_update = run_update
+    per_update = sizes[0]
     first = recorder.calls[:per_update]
     later = recorder.calls[per_update:]
     # over every rank: a rank may hold only rows that teach nothing (a group scored alike, responses
     # masked out), so the ratio's movement and the clipping are properties of the global batch
-    from rltune.train.collective import global_max
-
+    most_rows, fewest_rows = global_max([float(exp.size), -float(exp.size)])   # rows per rank (episodes: they differ)
     first_dev, later_dev, later_clipfrac = global_max([max(d for d, _ in first), max((d for d, _ in later), default=0.0),
                                                        max((f for _, f in later), default=0.0)])
     update.policy_loss = recorder.fn
@@ -353,6 +396,8 @@ def main() -> int:
     before = global_loss(objective, exp, r.algorithm.loss_agg)
     res_one = update.run_update(actors[0], [exp], fn[0], r.algorithm.loss_agg)
     many = [exp.select(torch.tensor([i])) for i in range(exp.size)]
+    if exp.episode is not None:   # ranks may hold different numbers of rows: as many micro-batches each
+        many = batching.cut(exp, torch.arange(exp.size), 1, 1, None, update.batch_layout(r, actors[1]), exp.episode)
     if r.train.max_tokens_per_micro_batch:   # the budget's packing (uneven micro-batches, groups split)
         # where the budget holds this rank's whole batch (truncated responses masked out leave little of
         # it), half the batch's padded tokens splits it: 1 x N == N x 1 needs N > 1
@@ -360,7 +405,8 @@ def main() -> int:
         p, t = batching.widths(exp, torch.arange(exp.size))
         whole = batching.tokens(p, t, 0, exp.size, batching.group_rows(exp.size, GROUP), layout)   # prompt-major rows
         budget = min(r.train.max_tokens_per_micro_batch, max(1, whole // 2))
-        many = batching.cut(exp, torch.arange(exp.size), MICRO, GROUP, budget, layout)
+        many = batching.cut(exp, torch.arange(exp.size), MICRO, GROUP, budget, layout,
+                            None if exp.episode is None else exp.episode // GROUP)
     res_many = update.run_update(actors[1], many, fn[1], r.algorithm.loss_agg)
     after = global_loss(objective, exp, r.algorithm.loss_agg)
     p_one, p_many = dict(iter_full_params(actors[0])), dict(iter_full_params(actors[1]))
@@ -384,6 +430,7 @@ def main() -> int:
         packing_diff = max(float((p_one[n].float() - p_padded[n].float()).abs().max()) for n in p_one)
     moved = max(float((p_one[n].float() - init[n]).abs().max()) for n in p_one)
 
+    fillers = int(global_sum([float(fillers[0])])[0])      # in the step and in the 8 x 1 update
     params = {n: t.float().cpu().clone() for n, t in iter_full_params(c.actor)}
     if dist.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
@@ -398,6 +445,7 @@ def main() -> int:
             "packing_diff": packing_diff,
             "behavior_err": behavior_err, "rollout_err": rollout_err,
             "trained_rows": int((exp.response_mask.sum(-1) > 0).sum()), "rows": exp.size,
+            "rank_rows": [int(-fewest_rows), int(most_rows)], "fillers": fillers,
             "sampled": sampled,
             "finite": all(math.isfinite(float(t.sum())) for t in params.values()),
         }

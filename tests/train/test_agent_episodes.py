@@ -88,7 +88,7 @@ def _play(agent, rows, n=1, reply=None, **rollout):
 def assert_sampled_ids_exactly(c, ep):
     """Every trained run of every episode is what the engine sampled for exactly the ids before it
     (`c.rollout.sampled`: prompt ids -> every sample drawn for them)."""
-    exp = ep.exp
+    exp = ep.exp.rows(c.rollout.pad_id)        # the samples before a prefix break too
     for b in range(exp.size):
         prompt = exp.prompt_ids[b][exp.prompt_mask[b].bool()].tolist()
         n = int(exp.response_mask[b].sum())
@@ -137,7 +137,8 @@ def test_an_openai_client_agent_with_tools_is_recorded_token_in_token_out():
     assert [len(b) for b in c.rollout.batches] == [4, 4]
 
 
-def test_a_rewritten_history_is_a_prefix_break_and_the_earlier_turn_is_not_trained():
+@pytest.mark.parametrize("prefix_break", ["rows", "context"])
+def test_a_rewritten_history_is_a_prefix_break_and_the_earlier_turn_is_a_row_of_its_own(prefix_break):
     def forgetful(client, row):
         first = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "one"}])
         text = first.choices[0].message.content
@@ -147,9 +148,15 @@ def test_a_rewritten_history_is_a_prefix_break_and_the_earlier_turn_is_not_train
         client.chat.completions.create(model="m", messages=messages)
         return 0.5
 
-    c, ep = _play(forgetful, [{"prompt": "p"}], reply=lambda prompt: "ok")
+    c, ep = _play(forgetful, [{"prompt": "p"}], reply=lambda prompt: "ok", prefix_break=prefix_break)
     assert ep.metrics["episode/prefix_breaks"] == 1 and ep.env_scores == [0.5]
-    assert ep.metrics["episode/untrained_tokens"] == 2            # "ok" + EOS became context
+    if prefix_break == "context":
+        assert ep.metrics["episode/untrained_tokens"] == 2 and ep.exp.earlier is None   # "ok" + EOS: context
+    else:   # "ok" + EOS train in a row of their own, sampled from the first request
+        e = ep.exp.earlier
+        assert ep.metrics["episode/untrained_tokens"] == 0 and e.owner.tolist() == [0]
+        assert e.loss_mask[0].sum() == 2 and c.tokenizer.decode(e.prompt_ids[0][e.prompt_mask[0].bool()]).endswith(
+            "one<|im_end|>\n<|im_start|>assistant\n")
     exp, tok = ep.exp, c.tokenizer
     assert "OK" in tok.decode(exp.prompt_ids[0]) and tok.decode(exp.prompt_ids[0]).endswith("two<|im_end|>\n<|im_start|>assistant\n")
     assert exp.loss_mask[0].sum() == 2

@@ -129,15 +129,18 @@ def test_a_tool_that_raises_or_an_unparseable_call_is_a_turn_not_a_crash():
     assert ep.metrics["episode/tool_errors"] == 2 and ep.completions == ["40"]
 
 
-def test_a_template_that_rewrites_history_restarts_the_sample_from_the_re_rendered_prompt(tmp_path):
+@pytest.mark.parametrize("prefix_break", ["rows", "context"])
+def test_a_template_that_rewrites_history_restarts_the_sample_from_the_re_rendered_prompt(tmp_path, prefix_break):
     """A template that drops past assistant turns' reasoning (as Qwen3 drops <think>): rendering
     the longer conversation no longer starts with what the model saw, so no splice is made. The
     episode goes on as a new sample whose prompt is the conversation as the template renders it
-    now: the next turn is sampled from exactly those ids, and only its tokens are trained."""
+    now: the next turn is sampled from exactly those ids. The sample before the break is a row of
+    its own, exactly as it was sampled (rollout.prefix_break: rows), or context only (context)."""
     from rltune.agents.rendering import Renderer
     from rltune.train.episodes import play
 
-    c = _components(_recipe("builtin:guess", max_turns=3), ["<think>hm</think>3", "<think>ok</think>9"])
+    c = _components(_recipe("builtin:guess", max_turns=3, prefix_break=prefix_break),
+                    ["<think>hm</think>3", "<think>ok</think>9"])
     c.tokenizer.chat_template = (
         "{% for m in messages %}{{ m['role'] }}: {% if m['role'] == 'assistant' and not loop.last %}"
         "{{ m['content'].split('</think>')[-1] }}{% else %}{{ m['content'] }}{% endif %}{{ eos_token }}\n{% endfor %}"
@@ -148,7 +151,22 @@ def test_a_template_that_rewrites_history_restarts_the_sample_from_the_re_render
     assert c.rollout.calls == 2 and ep.env_scores == [pytest.approx(0.9)]      # found on turn 2: went on
     turn1 = tok("<think>hm</think>3", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     turn2 = tok("<think>ok</think>9", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    assert ep.metrics["episode/prefix_breaks"] == 1 and ep.metrics["episode/untrained_tokens"] == len(turn1)
+    assert ep.metrics["episode/prefix_breaks"] == 1
+    first = tok.decode(c.rollout.seen[0][0])                                     # what turn 1 was sampled from
+    if prefix_break == "rows":   # turn 1 trains in a row of its own: its prompt, its ids, its log-probs
+        assert ep.metrics["episode/untrained_tokens"] == 0 and ep.metrics["episode/samples"] == 2
+        e = exp.earlier
+        assert e.size == 1 and e.owner.tolist() == [0]
+        assert e.prompt_ids[0][e.prompt_mask[0].bool()].tolist() == c.rollout.seen[0][0]
+        assert e.response_ids[0, :len(turn1)].tolist() == turn1 and int(e.response_mask[0].sum()) == len(turn1)
+        assert e.loss_mask[0, :len(turn1)].tolist() == [1.0] * len(turn1)
+        assert e.rollout_logp[0, :len(turn1)].tolist() == pytest.approx([-(k + 1) / 10 for k in range(len(turn1))])
+        rows = exp.rows(c.rollout.pad_id)                                         # the learner's batch
+        assert rows.size == 2 and rows.episode.tolist() == [0, 0]
+        assert rows.response_ids[0, :len(turn1)].tolist() == turn1               # sampling order: turn 1 first
+        assert tok.decode(rows.prompt_ids[0][rows.prompt_mask[0].bool()]) == first
+    else:
+        assert ep.metrics["episode/untrained_tokens"] == len(turn1) and exp.earlier is None
     # the row's prompt: the re-rendered conversation (turn 1 without its reasoning, the hint)
     prompt = exp.prompt_ids[0][exp.prompt_mask[0].bool()].tolist()
     text = tok.decode(prompt)

@@ -130,13 +130,33 @@ STALE_CASES = [
 DEFAULT_STALE_CASES = {0, 1}
 
 
+# prefix breaks (docs/agents.md, "Tokens"): a chat template that rewrites history splits some episodes into
+# several rows (the samples before a break trained with their episode's advantage), so the ranks hold
+# different numbers of rows and run as many micro-batches each (fillers where short); every algorithm (GAE
+# and REINFORCE++ across the break), 1 and 2 ranks, ZeRO 0-3, fp32 and bf16, rows and token budgets,
+# padded and padding-free passes, a class environment and an agent
+BREAK_CASES = [
+    {"algo": "ppo", "kl_mode": "reward", "estimator": "k1", "agg": "token-mean", "correction": "tis",
+     "precision": "fp32", "zero": 2, "ranks": 2, "epochs": 1, "updates": 2, "episodes": True, "breaks": True},
+    {"algo": "grpo", "kl_mode": "reward", "estimator": "k3", "agg": "seq-mean-token-mean", "correction": "mis",
+     "precision": "fp32", "zero": 3, "ranks": 2, "epochs": 2, "updates": 1, "episodes": True, "breaks": True,
+     "mb_tokens": 40, "padding_free": True},
+    {"algo": "rloo", "kl_mode": "loss", "estimator": "k2", "agg": "token-sum", "correction": "none",
+     "precision": "bf16", "zero": 1, "ranks": 1, "epochs": 1, "updates": 2, "episodes": "agent", "breaks": True},
+    {"algo": "reinforce_pp", "kl_mode": "reward", "estimator": "abs", "agg": "seq-mean-token-sum-norm",
+     "correction": "tis", "precision": "fp32", "zero": 0, "ranks": 2, "epochs": 2, "updates": 2, "episodes": True,
+     "breaks": True, "padding_free": True},
+]
+DEFAULT_BREAK_CASES = {0, 1}
+
+
 def case_id(c: dict) -> str:
     extra = "".join([("-filter" if c["filter"] else ""), ("" if c["lora"] == "none" else f"-lora{c['lora']}"),
                      ("" if c["ratio_level"] == "token" else f"-{c['ratio_level']}"),
                      ("-cispo" if c["policy_loss"] == "cispo" else ""), ("-masktrunc" if c["mask_truncated"] else ""),
                      ("-overlong" if c["overlong"] else ""), ("" if c["top_p"] == 1.0 else f"-topp{c['top_p']}"),
                      ({True: "-episodes", "agent": "-agent-episodes"}.get(c.get("episodes"), "")),
-                     ("-stale" if c.get("stale") else ""),
+                     ("-stale" if c.get("stale") else ""), ("-breaks" if c.get("breaks") else ""),
                      ("" if c.get("mb_tokens") is None else f"-mbtok{c['mb_tokens']}"),
                      (f"-gc{c['checkpointing']}" if c.get("checkpointing") else ""),
                      ("-packed" if c.get("padding_free") else "")])
@@ -219,7 +239,10 @@ def test_the_case_list_covers_every_pair():
                           for i, c in enumerate(EPISODE_CASES)] +
                          [pytest.param(c, id=f"stale-{i}-{case_id({**DEFAULT_FACTORS, **c})}",
                                        marks=() if i in DEFAULT_STALE_CASES else pytest.mark.slow)
-                          for i, c in enumerate(STALE_CASES)])
+                          for i, c in enumerate(STALE_CASES)] +
+                         [pytest.param(c, id=f"breaks-{i}-{case_id({**DEFAULT_FACTORS, **c})}",
+                                       marks=() if i in DEFAULT_BREAK_CASES else pytest.mark.slow)
+                          for i, c in enumerate(BREAK_CASES)])
 def test_matrix_case(case, tmp_path):
     fp32 = case["precision"] == "fp32"
     res = _run(case, case["ranks"], tmp_path / "run")
@@ -251,6 +274,10 @@ def test_matrix_case(case, tmp_path):
     # padding-free passes make the update of padded ones
     assert res["packing_diff"] <= (1e-5 if fp32 else 5e-3) * max(1.0, res["moved"] / 1e-3), res
 
+    if case.get("breaks"):   # prefix breaks made rows of their own
+        assert res["rank_rows"][1] > case["updates"] * 8 // case["ranks"], res      # more rows than episodes
+    if case.get("breaks") and case["ranks"] > 1:   # ... and the ranks held different numbers of rows: fillers ran
+        assert res["rank_rows"][0] < res["rank_rows"][1] and res["fillers"] > 0, res
     # 2 ranks == 1 rank on the same experience (the same sequences, split across the ranks)
     if case["ranks"] > 1:
         one = _run(case, 1, tmp_path / "one")

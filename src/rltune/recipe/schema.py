@@ -246,6 +246,7 @@ class RolloutCfg(Section):
     max_turns: int = F(4, "Episodes: assistant turns at most; an episode the environment has not ended by then is truncated.", ge=1, le=1000)
     max_episode_tokens: int = F(1024, "Episodes: response-side tokens at most (the model's and the environment's, after the prompt); an episode that reaches it is truncated.", ge=8, le=1_048_576)
     env_args: dict[str, Any] = F({}, "Arguments of a library's environment (rollout.env verifiers:NAME or openenv:NAME; docs/agents.md, 'Environments from the ecosystem').")
+    prefix_break: Literal["rows", "context"] = F("rows", "Episodes: what the samples before a prefix break (the chat template rewrote earlier turns, or an agent edited its history) become. rows = rows of the batch of their own, trained with their episode's advantage (docs/agents.md); context = only the prompt of the sample after the break, not trained.")
     env_isolate: bool = F(False, "Episodes: run the environment in a worker process (its module imported there only): one that exits, crashes or hangs ends the episodes it hosted (episode/env_crashes, reward 0) instead of the run, and a fresh worker starts.")
     tool_timeout_s: float = F(10.0, "Episodes: seconds a tool call or step() may take before it is cut and reported to the model as an error.", gt=0, le=3600)
 

@@ -25,6 +25,15 @@ class Experience:
     versions: Optional[torch.Tensor] = None      # (B, T) long: the weight version that sampled each token
                                                  # (rollout.asynchronous; None when synchronous)
     index: Optional[torch.Tensor] = None         # (B,) long: row number in the step (kept by `select`)
+    filler: bool = False                         # a micro-batch that only keeps the ranks in step: trains
+                                                 # nothing, and its outputs go nowhere (batching.filler)
+
+    # -- episodes whose samples a prefix break split (docs/agents.md, "Tokens") --
+    earlier: Optional["Experience"] = None       # (k rows) the samples before each row's last prefix break,
+                                                 # in the order they were sampled; trained like any row
+    owner: Optional[torch.Tensor] = None         # (k,) long, on `earlier`: the row (episode) each belongs to
+    episode: Optional[torch.Tensor] = None       # (R,) long, on `rows()`'s result: each row's episode, rows of
+                                                 # one episode adjacent and in the order they were sampled
 
     # -- outcome (from the reward functions / model) --
     scores: Optional[torch.Tensor] = None        # (B,) reward per sequence
@@ -100,20 +109,61 @@ class Experience:
         return Experience(**kw)
 
     def select(self, index: torch.Tensor) -> "Experience":
-        """A sub-batch (rows `index`) sharing no storage requirements with the parent."""
+        """A sub-batch (rows `index`) sharing no storage requirements with the parent; the earlier
+        samples of the rows kept go with them."""
         kw = {}
         for f in fields(self):
             value = getattr(self, f.name)
             kw[f.name] = value[index] if isinstance(value, torch.Tensor) else value
+        if self.earlier is not None:
+            index = torch.as_tensor(index, dtype=torch.long).reshape(-1).cpu()
+            new = torch.full((self.size,), -1, dtype=torch.long)
+            new[index] = torch.arange(index.numel())                                   # old row -> new row
+            owner = new[self.earlier.owner.cpu()]                                       # (k,)
+            keep = (owner >= 0).nonzero().reshape(-1)
+            kw["earlier"] = None
+            if keep.numel():
+                e = self.earlier.select(keep.to(self.earlier.response_ids.device))
+                e.owner = owner[keep].to(e.response_ids.device)
+                kw["earlier"] = e
         return Experience(**kw)
 
     def to(self, device) -> "Experience":
-        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
-                                if isinstance(getattr(self, f.name), torch.Tensor)})
+        moved = replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                 if isinstance(getattr(self, f.name), torch.Tensor)})
+        if self.earlier is not None:
+            moved.earlier = self.earlier.to(device)
+        return moved
+
+    def rows(self, pad_id: int = 0) -> "Experience":
+        """The batch the learner trains on: one row per sample. Each episode's earlier samples (a
+        prefix break's) come before its last one, and `episode` (R,) says whose each row is (row b's
+        episode is b when nothing broke). The episode-level fields (`scores`, `truncated`,
+        `turn_tokens`) are copied to every row of the episode."""
+        B, device = self.size, self.response_ids.device
+        if self.earlier is None:
+            out = replace(self, earlier=None, owner=None)
+            out.episode = torch.arange(B, device=device)
+            return out
+        e = self.earlier
+        owner = e.owner.to(device)
+        for name in ("scores", "truncated", "turn_tokens"):
+            value = getattr(self, name)
+            if value is not None and getattr(e, name) is None:
+                setattr(e, name, value[owner])
+        both = Experience.concat([self, e], pad_id)                # (B + k) rows
+        # each episode's rows together, earlier samples first (in sampling order: stable sort)
+        key = torch.cat([torch.arange(B, device=device) * 2 + 1, owner * 2])           # (B + k,)
+        order = torch.sort(key.cpu(), stable=True).indices.to(device)
+        out = both.select(order)
+        out.episode = torch.cat([torch.arange(B, device=device), owner])[order]
+        out.earlier = out.owner = out.index = None
+        return out
 
     @staticmethod
     def concat(parts: list["Experience"], pad_id: int) -> "Experience":
-        """Join generation calls: re-pad prompts on the left and responses on the right."""
+        """Join generation calls: re-pad prompts on the left and responses on the right; the
+        rows' earlier samples (`earlier`) go with them."""
         P = max(p.prompt_ids.shape[1] for p in parts)
         T = max(p.response_ids.shape[1] for p in parts)
 
@@ -139,4 +189,19 @@ class Experience:
             out.turn_tokens = torch.cat([p.turn_tokens for p in parts])
         if any(p.loss_mask is not None for p in parts):
             out.loss_mask = torch.cat([right(p.train_mask, T, 0) for p in parts])
+        if all(p.scores is not None for p in parts):
+            out.scores = torch.cat([p.scores for p in parts])
+        for name in ("ref_logp", "behavior_logp", "old_values"):      # the passes' outputs (rows())
+            if all(getattr(p, name) is not None for p in parts):
+                setattr(out, name, torch.cat([right(getattr(p, name), T, 0.0) for p in parts]))
+        earlier, start = [], 0
+        for p in parts:
+            if p.earlier is not None:
+                e = replace(p.earlier)
+                e.owner = p.earlier.owner + start
+                earlier.append(e)
+            start += p.size
+        if earlier:
+            out.earlier = Experience.concat(earlier, pad_id)
+            out.earlier.owner = torch.cat([e.owner for e in earlier])
         return out

@@ -20,7 +20,8 @@ Each request joins its episode token-in, token-out, as a class environment's tur
     what the rest adds after it is the environment's turn (attended, never trained);
   - a request that does not extend it (the agent rewrote its history, or began another
     conversation) is a prefix break: the episode goes on as a new sample from that request,
-    the turns before it context, not trained (episode_rows.restart);
+    the sample before it a row of its own with the episode's advantage (rollout.prefix_break:
+    rows) or context only (context) (episode_rows.restart);
   - rollout.max_turns, max_new_tokens and max_episode_tokens bound the episode as for a class
     environment: a turn that runs out of tokens is answered with finish_reason "length" and ends
     the episode; a request after the end gets an error ("episode_ended"), and an agent that

@@ -106,17 +106,91 @@ def even_out(cuts: list[int], count: int) -> list[int]:
 
 
 def cut(exp: Experience, rows: torch.Tensor, micro: int, unit: int,
-        max_tokens: int | None = None, layout: str = "padded") -> list[Experience]:
+        max_tokens: int | None = None, layout: str = "padded", groups: torch.Tensor | None = None) -> list[Experience]:
     """Micro-batches out of `rows`, sorted by length and trimmed: of `micro` rows, or packed
-    into `max_tokens` tokens of `layout` (`pack`) and as many on every rank (`even_out`)."""
-    rows = _length_order(exp, rows, unit)
-    n = rows.numel()
-    if max_tokens is None:
-        cuts = list(range(0, n, micro)) + [n]
+    into `max_tokens` tokens of `layout` (`pack`) and as many on every rank (`even_out`).
+
+    `groups` (n,), each row's group, for rows of episodes (`episode_micro_batches`, `passes`): the
+    ranks may then hold different numbers of rows (a prefix break makes several rows of one
+    episode), so every rank runs as many micro-batches, with `filler`s where it has too few rows.
+    Where a group is not `unit` rows, groups are length-ordered as wholes and packed row by row."""
+    if groups is None or _even_groups(groups, unit):
+        rows = _length_order(exp, rows, unit)
     else:
-        cuts = pack(*widths(exp, rows), unit, max_tokens, layout)
-        cuts = even_out(cuts, int(global_max([float(len(cuts) - 1)])[0]))
-    return [exp.select(rows[a:b]).trimmed() for a, b in zip(cuts, cuts[1:])]
+        rows, unit = _group_length_order(exp, rows, groups), 1
+    n = rows.numel()
+    cuts = list(range(0, n, micro)) + [n] if max_tokens is None else pack(*widths(exp, rows), unit, max_tokens, layout)
+    count = len(cuts) - 1
+    if max_tokens is not None or groups is not None:
+        count = int(global_max([float(count)])[0])
+        cuts = even_out(cuts, count)
+    out = [exp.select(rows[a:b]).trimmed() for a, b in zip(cuts, cuts[1:])]
+    return out + [filler(exp, rows) for _ in range(count - len(out))]
+
+
+def _even_groups(groups: torch.Tensor, unit: int) -> bool:
+    """Whether `groups` (n,) are runs of exactly `unit` rows, one run per group."""
+    n = groups.numel()
+    if n == 0 or unit == 1:
+        return n == 0 or groups.unique().numel() == n
+    if n % unit:
+        return False
+    runs = groups.view(-1, unit)
+    return bool((runs == runs[:, :1]).all()) and groups.unique().numel() == n // unit
+
+
+def _group_length_order(exp: Experience, rows: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """`rows` (n,) reordered so that groups (of any number of rows, `groups` (n,) each row's) of
+    similar longest length are neighbours; a group's rows keep their order."""
+    n = rows.numel()
+    if n == 0:
+        return rows
+    length = (exp.prompt_mask[rows].sum(-1) + exp.response_mask[rows].sum(-1)).cpu()  # (n,)
+    ids, inverse = torch.unique(groups.cpu(), return_inverse=True)                    # (g,), (n,)
+    longest = torch.zeros(ids.numel(), dtype=length.dtype).scatter_reduce(0, inverse, length, "amax")
+    # groups in order of first appearance, then stably by length
+    first = torch.full((ids.numel(),), n, dtype=torch.long).scatter_reduce(0, inverse, torch.arange(n), "amin")
+    appear = torch.sort(first, stable=True).indices                                   # (g,)
+    by_length = appear[torch.sort(longest[appear], stable=True).indices]             # (g,)
+    place = torch.empty_like(by_length)
+    place[by_length] = torch.arange(by_length.numel())                                # group -> its place
+    order = torch.sort(place[inverse] * n + torch.arange(n), stable=True).indices     # (n,)
+    return rows[order.to(rows.device)]
+
+
+def filler(exp: Experience, rows: torch.Tensor) -> Experience:
+    """A micro-batch that only keeps this rank in step with the others (ZeRO's collectives run in
+    every forward and backward): one of its rows, nothing in it trained (a zero loss mask: no
+    weight in the update, no token in any count), its outputs put nowhere (`filler`)."""
+    mb = exp.select(rows[:1]).trimmed()
+    mb.loss_mask = torch.zeros_like(mb.train_mask)
+    mb.filler = True
+    return mb
+
+
+def episode_micro_batches(exp: Experience, micro: int, update_size: int, gen: torch.Generator, group: int = 1,
+                          max_tokens: int | None = None, layout: str = "padded") -> list[list[Experience]]:
+    """`micro_batches` for rows of episodes (`exp.episode`; a prefix break makes several rows of
+    one episode): the shuffle permutes whole groups of episodes as it permutes groups of rows (the
+    same draw), an update holds `update_size` episodes (every row of each), and each update's
+    micro-batches are as many on every rank. Where every episode is one row, the micro-batches are
+    `micro_batches`' exactly."""
+    episode = exp.episode
+    E = int(episode.max()) + 1 if episode.numel() else 0
+    unit = group_rows(E, group)
+    if update_size % unit:
+        unit = 1
+    order = torch.randperm(E // unit, generator=gen)                                  # (groups,)
+    chosen = (order[:, None] * unit + torch.arange(unit)[None, :]).reshape(-1)        # (E,) episodes, shuffled
+    counts = torch.bincount(episode.cpu(), minlength=E)                               # (E,) rows per episode
+    starts = torch.cumsum(counts, 0) - counts                                         # (E,)
+    out = []
+    for u in range(0, E, update_size):
+        eps = chosen[u:u + update_size].tolist()
+        rows = torch.cat([torch.arange(int(starts[e]), int(starts[e] + counts[e])) for e in eps])
+        groups = torch.cat([torch.full((int(counts[e]),), k // unit) for k, e in enumerate(eps)])
+        out.append(cut(exp, rows.to(exp.response_ids.device), micro, unit, max_tokens, layout, groups))
+    return out
 
 
 def micro_batches(exp: Experience, micro: int, update_size: int, gen: torch.Generator,
@@ -124,6 +198,8 @@ def micro_batches(exp: Experience, micro: int, update_size: int, gen: torch.Gene
     """Shuffle the step's experience by whole groups, cut it into updates of `update_size`
     sequences, each a list of length-sorted, trimmed micro-batches of `micro` sequences (or of
     at most `max_tokens` tokens of `layout`)."""
+    if exp.episode is not None:
+        return episode_micro_batches(exp, micro, update_size, gen, group, max_tokens, layout)
     unit = group_rows(exp.size, group)
     if update_size % unit:
         unit = 1
@@ -140,8 +216,13 @@ def passes(exp: Experience, micro: int, group: int = 1, max_tokens: int | None =
     no-grad passes (reference, behaviour, values), whose outputs go back by `mb.index`."""
     if exp.index is None:
         exp.index = torch.arange(exp.size, device=exp.response_ids.device)
+    rows = torch.arange(exp.size, device=exp.response_ids.device)
+    if exp.episode is not None:   # rows of episodes: as many micro-batches on every rank
+        E = int(exp.episode.max()) + 1 if exp.size else 0
+        unit = group_rows(E, group)
+        return cut(exp, rows, micro, unit, max_tokens, layout, exp.episode.cpu() // unit)
     unit = group_rows(exp.size, group)
-    return cut(exp, torch.arange(exp.size, device=exp.response_ids.device), micro, unit, max_tokens, layout)
+    return cut(exp, rows, micro, unit, max_tokens, layout)
 
 
 def scatter(parts: list[tuple[Experience, torch.Tensor]], like: torch.Tensor) -> torch.Tensor:
@@ -149,5 +230,7 @@ def scatter(parts: list[tuple[Experience, torch.Tensor]], like: torch.Tensor) ->
     (B, T) zero tensor shaped like `like`."""
     out = torch.zeros_like(like, dtype=torch.float32)
     for mb, value in parts:
+        if mb.filler:
+            continue
         out[mb.index, :value.shape[1]] = value.to(out.dtype)
     return out

@@ -32,7 +32,10 @@ class Episode:
     longest_turn: int = 0                # tokens of the model's longest turn as sampled (each turn has its
                                          # own rollout.max_new_tokens: reward.overlong and clip_ratio read it)
     breaks: int = 0                      # prefix breaks: the sample restarted from a re-rendered prompt
-    untrained: int = 0                   # model tokens that became context at a break
+    untrained: int = 0                   # model tokens that became context at a break, untrained
+                                         # (rollout.prefix_break: context)
+    before: list = field(default_factory=list)   # the samples before each break (rollout.prefix_break: rows):
+                                                 # (prompt_ids, tokens, trained, logp) each, in sampling order
     draw: int | None = None              # the prompt's draw key (None: not seeded) and which of its group's
     sample: int = 0                      # episodes this is: with `requests` they seed each request on a
     requests: int = 0                    # server engine (rollout.base.turn_seeds)
@@ -94,8 +97,8 @@ def append_turn(e: Episode, ids: list[int], logp: list[float], eos: set, tok) ->
 
 def restart(e: Episode, render, ro, max_prompt: int) -> None:
     """A prefix break: the episode goes on as a new sample whose prompt is the conversation
-    re-rendered (what the template shows the model now). The turns so far become context, not
-    trained. The episode keeps its token budget (rollout.max_episode_tokens over all its
+    re-rendered (what the template shows the model now). The sample so far is kept as a row of
+    its own (`before`; rollout.prefix_break: rows) or becomes context only (context). The episode keeps its token budget (rollout.max_episode_tokens over all its
     samples) and the row its length bound (data.max_prompt_length + max_episode_tokens): a
     conversation the row cannot hold (a flood of an answer) is tokenised only that far, and the
     episode ends truncated as it was, the answer not appended."""
@@ -106,7 +109,10 @@ def restart(e: Episode, render, ro, max_prompt: int) -> None:
         return
     e.spent += len(e.tokens)
     e.breaks += 1
-    e.untrained += int(sum(e.trained))
+    if getattr(ro, "prefix_break", "rows") == "rows" and sum(e.trained) > 0:
+        e.before.append((e.prompt_ids, e.tokens, e.trained, e.logp))
+    else:
+        e.untrained += int(sum(e.trained))
     e.prompt_ids, e.seen, e.tokens, e.trained, e.logp = ids, text, [], [], []
     e.limit = min(ro.max_episode_tokens - e.spent, max_prompt + ro.max_episode_tokens - len(ids))
     if e.limit <= 0:                   # no room left for another turn
@@ -138,30 +144,42 @@ def warn_long_prompts(render, lengths: list[int | None], max_prompt: int) -> Non
 
 
 def experience(episodes: list[Episode], pad_id: int) -> Experience:
-    """The batch: prompts left-padded, every episode's turns right-padded; `loss_mask` marks the
-    model's tokens, `response_mask` every real one."""
-    B = len(episodes)
-    P = max(len(e.prompt_ids) for e in episodes)
-    T = max(1, max(len(e.tokens) for e in episodes))
+    """The batch: one row per episode (its last sample), prompts left-padded, every episode's
+    turns right-padded; `loss_mask` marks the model's tokens, `response_mask` every real one. The
+    samples before a prefix break are the rows of `earlier`, each with its episode as `owner`."""
+    samples = [(e.prompt_ids, e.tokens, e.trained, e.logp) for e in episodes]
+    exp = _rows(samples, pad_id)
+    exp.truncated = torch.tensor([e.truncated for e in episodes], dtype=torch.bool)
+    exp.turn_tokens = torch.tensor([e.longest_turn for e in episodes], dtype=torch.long)
+    before = [(b, s) for b, e in enumerate(episodes) for s in e.before]
+    if before:
+        exp.earlier = _rows([s for _, s in before], pad_id)
+        exp.earlier.owner = torch.tensor([b for b, _ in before], dtype=torch.long)
+    return exp
+
+
+def _rows(samples: list[tuple], pad_id: int) -> Experience:
+    """Rows of (prompt_ids, tokens, trained, logp) samples, padded."""
+    B = len(samples)
+    P = max(len(p) for p, *_ in samples)
+    T = max(1, max(len(t) for _, t, *_ in samples))
     prompt_ids = torch.full((B, P), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros((B, P), dtype=torch.long)
     response_ids = torch.full((B, T), pad_id, dtype=torch.long)
     response_mask = torch.zeros((B, T))
     loss_mask = torch.zeros((B, T))
     logp = torch.zeros((B, T))
-    for b, e in enumerate(episodes):
-        p, t = len(e.prompt_ids), len(e.tokens)
-        prompt_ids[b, P - p:] = torch.tensor(e.prompt_ids, dtype=torch.long)
+    for b, (prompt, tokens, trained, lp) in enumerate(samples):
+        p, t = len(prompt), len(tokens)
+        prompt_ids[b, P - p:] = torch.tensor(prompt, dtype=torch.long)
         prompt_mask[b, P - p:] = 1
         if t:
-            response_ids[b, :t] = torch.tensor(e.tokens, dtype=torch.long)
+            response_ids[b, :t] = torch.tensor(tokens, dtype=torch.long)
             response_mask[b, :t] = 1.0
-            loss_mask[b, :t] = torch.tensor(e.trained)
-            logp[b, :t] = torch.tensor(e.logp)
+            loss_mask[b, :t] = torch.tensor(trained)
+            logp[b, :t] = torch.tensor(lp)
     return Experience(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-                      response_mask=response_mask, loss_mask=loss_mask, rollout_logp=logp,
-                      truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool),
-                      turn_tokens=torch.tensor([e.longest_turn for e in episodes], dtype=torch.long))
+                      response_mask=response_mask, loss_mask=loss_mask, rollout_logp=logp)
 
 
 def episode_metrics(episodes: list[Episode]) -> dict:
@@ -177,9 +195,11 @@ def episode_metrics(episodes: list[Episode]) -> dict:
             "episode/truncated": float(sum(e.truncated for e in episodes)),
             "episode/prefix_breaks": float(sum(e.breaks for e in episodes)),
             "episode/untrained_tokens": float(sum(e.untrained for e in episodes)),
+            "episode/samples": float(sum(1 + len(e.before) for e in episodes)),
             "episode/env_crashes": float(sum(getattr(x, "crashed", False) for x in s)),
-            "episode/model_tokens": float(sum(sum(e.trained) for e in episodes)),
-            "episode/env_tokens": float(sum(len(e.trained) - sum(e.trained) for e in episodes)),
+            "episode/model_tokens": float(sum(sum(e.trained) + sum(sum(s[2]) for s in e.before) for e in episodes)),
+            "episode/env_tokens": float(sum(len(e.trained) - sum(e.trained)
+                                            + sum(len(s[2]) - sum(s[2]) for s in e.before) for e in episodes)),
             **_part_sums(s)}
 
 

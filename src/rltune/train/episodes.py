@@ -14,8 +14,9 @@ Every episode (group_size per prompt, one environment instance each) runs turn b
 
 Where the chat template rewrites earlier turns (step 3 finds no exact splice: a prefix break),
 the episode goes on as a new sample: its prompt is the whole conversation re-rendered, as the
-template shows it to the model, and the turns before it become context (not trained; counted
-in `episode/prefix_breaks` and `episode/untrained_tokens`). One row per episode, always.
+template shows it to the model (counted in `episode/prefix_breaks`). The sample before it becomes
+a row of its own, trained with the episode's advantage (`Experience.earlier`; rollout.prefix_break:
+rows), or context only, not trained (context: `episode/untrained_tokens`).
 
 The result is the same `Scored` a single-turn step gives: the response region holds every turn
 after the prompt; the reward functions see the last assistant message as the completion (empty
@@ -167,6 +168,8 @@ def finish_metrics(sums: dict, global_sum) -> dict:
             "episode/prefix_breaks": totals["episode/prefix_breaks"],
             # model tokens that became context at a prefix break (not trained), per episode
             "episode/untrained_tokens": totals["episode/untrained_tokens"] / n,
+            # rows of the batch per episode: 1 + the samples a prefix break ended (rollout.prefix_break: rows)
+            "episode/samples_mean": totals.get("episode/samples", n) / n,
             "episode/env_crashes": totals["episode/env_crashes"],
             "episode/env_token_frac": totals["episode/env_tokens"] / max(
                 totals["episode/env_tokens"] + totals["episode/model_tokens"], 1.0),

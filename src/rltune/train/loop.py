@@ -75,7 +75,11 @@ def needs_behavior_forward(recipe, has_reference: bool) -> bool:
 
 
 def compute_advantages(c: Components, exp: Experience, kl_coef: float) -> None:
-    """Steps 6-7: the KL in the reward (when configured) and advantages; fills exp in place."""
+    """Steps 6-7: the KL in the reward (when configured) and advantages; fills exp in place.
+    Where a prefix break split episodes into several rows (`exp.episode`), the advantages are the
+    episode's (`_episode_advantages`)."""
+    if exp.episode is not None and exp.episode.numel() and int(exp.episode.max()) + 1 < exp.size:
+        return _episode_advantages(c, exp, kl_coef)
     algo, mask = c.recipe.algorithm, exp.train_mask
     in_reward = algo.kl.mode == "reward" and exp.ref_logp is not None
     scores = exp.scores                                                              # (B,)
@@ -103,6 +107,45 @@ def compute_advantages(c: Components, exp: Experience, kl_coef: float) -> None:
         exp.advantages = broadcast_to_tokens(adv, mask)                              # (B, T)
     else:  # reinforce_pp: returns whitened over the global batch (every rank's tokens)
         exp.advantages = global_whiten(discounted_returns(exp.token_rewards, mask, algo.gamma), mask)
+
+
+def _episode_advantages(c: Components, exp: Experience, kl_coef: float) -> None:
+    """Steps 6-7 on R rows of E episodes (algo/episodes.py): the score lands on the episode's last
+    model token; GRPO and RLOO take one advantage per episode (the KL in the reward summed over all
+    its rows) onto every row; GAE and REINFORCE++'s returns run over the episode's model tokens in
+    sampling order, across its rows."""
+    from ..algo.episodes import chain, episode_sums, last_rows, unchain
+
+    algo, mask, ep = c.recipe.algorithm, exp.train_mask, exp.episode                # (R, T), (R,)
+    E = int(ep.max()) + 1
+    in_reward = algo.kl.mode == "reward" and exp.ref_logp is not None
+    last = last_rows(ep)                                                             # (R,)
+    # (E,) each episode's score (every row carries it: taken from the last)
+    scores = episode_sums(torch.where(last, exp.scores, torch.zeros_like(exp.scores)).float(), ep, E)
+    if algo.name in ("ppo", "reinforce_pp"):
+        # token rewards over the episode's rows end to end: the score at its last model token
+        behavior = exp.behavior_logp if in_reward else torch.zeros_like(mask)
+        reference = exp.ref_logp if in_reward else torch.zeros_like(mask)
+        mask_e = chain(mask, ep, E)                                                  # (E, K*T)
+        rewards = kl_in_reward(scores, chain(behavior, ep, E), chain(reference, ep, E), mask_e,
+                               kl_coef if in_reward else 0.0, algo.kl.estimator)     # (E, K*T)
+        exp.token_rewards = unchain(rewards, ep)                                     # (R, T)
+    if algo.name == "ppo":
+        adv, ret = gae(rewards, chain(exp.old_values, ep, E), mask_e, algo.gamma, algo.lam)
+        adv, exp.returns = unchain(adv, ep), unchain(ret, ep)                        # (R, T)
+        exp.advantages = global_whiten(adv, mask) if algo.whiten_advantages else adv
+    elif algo.name in ("grpo", "rloo"):
+        seq = scores                                                                 # (E,)
+        if in_reward:
+            kl_tok = kl_estimate(exp.behavior_logp, exp.ref_logp, algo.kl.estimator) * mask  # (R, T)
+            seq = seq - kl_coef * episode_sums(kl_tok.sum(-1).float(), ep, E)
+        if algo.name == "grpo":
+            adv = grpo_advantages(seq, algo.group_size, scale_by_std=algo.scale_by_std)
+        else:
+            adv = rloo_advantages(seq, algo.group_size)
+        exp.advantages = broadcast_to_tokens(adv[ep].to(mask.dtype), mask)           # (R, T)
+    else:
+        exp.advantages = global_whiten(unchain(discounted_returns(rewards, mask_e, algo.gamma), ep), mask)
 
 
 def micro_batches(exp: Experience, micro: int, update_size: int, gen: torch.Generator,
@@ -190,10 +233,11 @@ def policy_metrics(c: Components, exp: Experience) -> dict:
     algo, mask = c.recipe.algorithm, exp.train_mask
     m: dict = {}
     if exp.ref_logp is not None:
-        kl_seq = gather_rows((kl_estimate(exp.behavior_logp, exp.ref_logp, algo.kl.estimator) * mask).sum(-1))
-        n_tok = gather_rows(mask.sum(-1))
-        m["kl"] = float(kl_seq.mean())                                               # per sequence
-        m["kl/token_mean"] = float(kl_seq.sum() / n_tok.sum().clamp(min=1))
+        # sums over every rank's rows (ranks may hold different numbers of rows: prefix breaks)
+        kl_sum, n_seq, n_tok = global_sum([float((kl_estimate(exp.behavior_logp, exp.ref_logp, algo.kl.estimator)
+                                                  * mask).sum()), float(exp.size), float(mask.sum())])
+        m["kl"] = kl_sum / max(n_seq, 1.0)                                           # per sequence
+        m["kl/token_mean"] = kl_sum / max(n_tok, 1.0)
     if exp.rollout_logp is not None:
         # the share capped is reported in the configured mode (tis semantics when correction is off)
         mode = c.correction if c.correction != "none" else "tis"
@@ -236,9 +280,11 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, mar
         LOG.info("[Sample] step=%d reward=%.3f prompt=%r completion=%r", step, float(b.exp.scores[0]),
                  b.prompts[0][-80:], b.completions[0][:200])
     exp = b.exp.to(c.dist.device)  # the rollout hands back CPU tensors; the models may be on a GPU
+    # episodes: one row per sample (a prefix break's samples before it are rows of their own)
+    rows = exp.rows(c.rollout.pad_id) if c.env is not None else exp
 
     # 3-8. reference, behaviour, values, KL, advantages, updates
-    learned = learn(c, exp, knobs, gen, mark, region)
+    learned = learn(c, rows, knobs, gen, mark, region)
     timings.update(learned.timings)
 
     # 9. weight sync actor -> rollout engine; the KL controller (adaptive with algorithm.kl.target)
@@ -252,17 +298,17 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, mar
     if hasattr(c.rollout, "stale_samples") and c.pipeline is None:   # vllm-server: should be 0
         timings["rollout/stale_samples"], c.rollout.stale_samples = float(c.rollout.stale_samples), 0
     LOG.debug("Actor resharding time: %d ms", round(sync_ms))
-    pm = policy_metrics(c, exp)
+    pm = policy_metrics(c, rows)
     if "kl" in pm:
         c.kl_ctl.update(pm["kl"], exp.size * c.dist.world_size)
         knobs.kl_coef = c.kl_ctl.coef
 
-    # 10. metrics (over the global batch: every rank's sequences)
+    # 10. metrics (over the global batch: every rank's sequences; rewards and lengths per episode)
     mask = exp.response_mask
     step_s = time.perf_counter() - t_start
     scores = gather_rows(exp.scores)                                                 # (B * world,)
     lengths = gather_rows(drawn.lengths.to(mask.device))                             # before masking
-    n_tokens = global_sum([float(mask.sum() + exp.prompt_mask.sum())])[0]
+    n_tokens = global_sum([float(rows.response_mask.sum() + rows.prompt_mask.sum())])[0]
     m = {
         "step": step,
         # prompts whose samples all scored alike: a group baseline gives them zero advantage
@@ -285,7 +331,7 @@ def train_step(c: Components, step: int, knobs: Knobs, gen: torch.Generator, mar
     m.update(_role_metrics("actor", learned.actor, c.actor))
     if c.critic is not None:
         m.update(_role_metrics("critic", learned.critic, c.critic))
-        m["critic/explained_var"] = explained_variance(exp.old_values, exp.returns, mask)
+        m["critic/explained_var"] = explained_variance(rows.old_values, rows.returns, rows.response_mask)
     m.update(pm)
     m.update(timings)
     m.update(async_m)

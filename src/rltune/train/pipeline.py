@@ -77,6 +77,8 @@ def _stamp(exp, version: int) -> None:
     while a batch is made, so that one version sampled all of it."""
     if exp.versions is None:
         exp.versions = torch.full(exp.response_ids.shape, int(version), dtype=torch.long)
+    if exp.earlier is not None:   # an episode's samples before a prefix break
+        _stamp(exp.earlier, version)
 
 
 class Pipeline:
@@ -209,13 +211,15 @@ class Pipeline:
             if v >= 0:
                 out[labels == v] = self.policy_of.get(int(v), min(self.policy_of.values()))
         exp.versions = out
+        if exp.earlier is not None:
+            self._to_policy(exp.earlier)
 
     def _enforce_bound(self, drawn: StepBatch) -> tuple[StepBatch, dict]:
         """Per-token lags of the batch; groups beyond K regenerated or dropped (`on_stale`)."""
         exp, G = drawn.batch.exp, self.group
-        mask = exp.train_mask.bool()                                                   # (B, T)
-        lag = (self.policy - exp.versions).masked_fill(~mask, 0)                        # (B, T)
-        stale_groups = [g for g in range(exp.size // G) if bool((lag[g * G:(g + 1) * G] > self.K).any())]
+        mask, lag = self._lags(exp)                                                    # (N, T) each
+        oldest = self._oldest(exp, lag)                                                # (B,) per episode
+        stale_groups = [g for g in range(exp.size // G) if bool((oldest[g * G:(g + 1) * G] > self.K).any())]
         m = {"async/dropped": 0.0, "async/regenerated": 0.0}
         if stale_groups:
             keep = [g for g in range(exp.size // G) if g not in stale_groups]
@@ -232,14 +236,32 @@ class Pipeline:
                                          if self.on_stale == "drop" else "on_stale: regenerate")
                 m["async/regenerated"] = float(len(stale_groups))
             exp = drawn.batch.exp
-            mask = exp.train_mask.bool()
-            lag = (self.policy - exp.versions).masked_fill(~mask, 0)
+            mask, lag = self._lags(exp)
         # over the global batch (every rank takes the same step at once: the trainer threads' group)
         lag_sum, n, m["async/dropped"], m["async/regenerated"] = collective.global_sum(
             [float(lag.sum()), float(mask.sum()), m["async/dropped"], m["async/regenerated"]])
         m["async/staleness_mean"] = lag_sum / max(n, 1.0)
         m["async/staleness_max"] = collective.global_max([float(lag.max()) if lag.numel() else 0.0])[0]
         return drawn, m
+
+    def _lags(self, exp) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, T) trained-token mask and lag (versions behind the policy) of every sample: the
+        batch's rows, then the samples before a prefix break (`exp.earlier`), on one width."""
+        parts = [exp] if exp.earlier is None else [exp, exp.earlier]
+        T = max(p.response_width for p in parts)
+        pad = lambda x, v: torch.nn.functional.pad(x, (0, T - x.shape[1]), value=v)  # noqa: E731
+        mask = torch.cat([pad(p.train_mask, 0.0) for p in parts]).bool()             # (N, T)
+        versions = torch.cat([pad(p.versions, -1) for p in parts])                     # (N, T)
+        return mask, (self.policy - versions).masked_fill(~mask, 0)
+
+    @staticmethod
+    def _oldest(exp, lag: torch.Tensor) -> torch.Tensor:
+        """(B,) each episode's largest lag, over its row and its samples before a prefix break."""
+        per = lag.amax(-1) if lag.numel() else lag.new_zeros(lag.shape[0])            # (N,)
+        oldest = per[:exp.size].clone()
+        if exp.earlier is not None:
+            oldest = oldest.scatter_reduce(0, exp.earlier.owner, per[exp.size:], "amax")
+        return oldest
 
     def _regenerate(self, drawn: StepBatch, stale: list[int], keep: list[int],
                     why: str = "on_stale: regenerate") -> StepBatch:
@@ -345,9 +367,14 @@ def pack(b: StepBatch) -> dict | None:
         text = json.dumps(plain, allow_nan=True)
     except (TypeError, ValueError):
         return None
-    exp = {f.name: getattr(s.exp, f.name) for f in dataclasses.fields(s.exp)
-           if isinstance(getattr(s.exp, f.name), torch.Tensor)}
-    return {"exp": exp, "lengths": b.lengths, "plain": text}
+    out = {"exp": _tensors(s.exp), "lengths": b.lengths, "plain": text}
+    if s.exp.earlier is not None:   # an episode's samples before a prefix break
+        out["earlier"] = _tensors(s.exp.earlier)
+    return out
+
+
+def _tensors(exp) -> dict:
+    return {f.name: getattr(exp, f.name) for f in dataclasses.fields(exp) if isinstance(getattr(exp, f.name), torch.Tensor)}
 
 
 def unpack(d: dict) -> StepBatch:
@@ -355,8 +382,10 @@ def unpack(d: dict) -> StepBatch:
     from ..rollout.experience import Experience
 
     plain = json.loads(d["plain"])
-    fields = {f.name for f in dataclasses.fields(Experience)}
-    exp = Experience(**{k: v for k, v in d["exp"].items() if k in fields})
+    fields = {f.name for f in dataclasses.fields(Experience)} - {"earlier", "filler", "episode", "index"}   # tensors
+    exp = Experience(**{k: v for k, v in d["exp"].items() if k in fields - {"owner"}})
+    if isinstance(d.get("earlier"), dict):
+        exp.earlier = Experience(**{k: v for k, v in d["earlier"].items() if k in fields})
     s = Scored(exp, *[plain[k] for k in _PLAIN])
     return StepBatch(s, d["lengths"], plain["metrics"], plain["rollout_s"], plain["reward_s"])
 
@@ -366,6 +395,18 @@ def check_batch(b: StepBatch, vocab: int) -> None:
     shapes agree, its token ids are in [0, vocab), its log-probs and scores are finite, else
     ValueError naming what is wrong (the resume then generates the batch again)."""
     exp, s = b.batch.exp, b.batch
+    _check_rows(exp, vocab)
+    if exp.earlier is not None:
+        _check_rows(exp.earlier, vocab, owners=exp.size)
+    B = exp.size if exp.response_ids.dim() == 2 else -1
+    if tuple(b.lengths.shape) != (B,) or any(len(getattr(s, k)) != B for k in ("prompts", "completions", "rows",
+                                                                                "conversations")):
+        raise ValueError(f"its texts and lengths do not have the batch's {B} rows")
+
+
+def _check_rows(exp, vocab: int, owners: int | None = None) -> None:
+    """`check_batch` for one set of rows (`owners`: the rows of the batch, for its samples before a
+    prefix break, whose `owner` must name one)."""
     B, T = exp.response_ids.shape if exp.response_ids.dim() == 2 else (-1, -1)
     want = {"prompt_ids": (B, exp.prompt_ids.shape[-1]), "prompt_mask": (B, exp.prompt_ids.shape[-1]),
             "response_ids": (B, T), "response_mask": (B, T), "loss_mask": (B, T), "rollout_logp": (B, T),
@@ -384,6 +425,8 @@ def check_batch(b: StepBatch, vocab: int) -> None:
         value = getattr(exp, name)
         if value is not None and not bool(torch.isfinite(value).all()):
             raise ValueError(f"{name} holds values that are not finite")
-    if tuple(b.lengths.shape) != (B,) or any(len(getattr(s, k)) != B for k in ("prompts", "completions", "rows",
-                                                                                "conversations")):
-        raise ValueError(f"its texts and lengths do not have the batch's {B} rows")
+    if owners is not None:
+        owner = exp.owner
+        if owner is None or owner.dtype != torch.long or tuple(owner.shape) != (B,) or (
+                owner.numel() and (int(owner.min()) < 0 or int(owner.max()) >= owners)):
+            raise ValueError(f"the samples before a prefix break name no row of the batch's {owners} (owner)")

@@ -254,6 +254,8 @@ def mask_truncated(c, exp: Experience) -> tuple[torch.Tensor, dict]:
     the rollout did not: response/clip_ratio reads them)."""
     r, m = c.recipe, {}
     lengths = exp.train_mask.sum(-1)                                           # (B,) the model's tokens
+    if exp.earlier is not None:   # an episode's samples before a prefix break count too
+        lengths = lengths.index_add(0, exp.earlier.owner, exp.earlier.train_mask.sum(-1).to(lengths.dtype))
     if exp.turn_tokens is None:
         exp.turn_tokens = lengths.long()
     trunc = exp.truncated if exp.truncated is not None else truncated_rows(
@@ -266,6 +268,11 @@ def mask_truncated(c, exp: Experience) -> tuple[torch.Tensor, dict]:
             exp.loss_mask = exp.loss_mask * keep
         if exp.rollout_logp is not None:
             exp.rollout_logp = exp.rollout_logp * exp.train_mask
+        if exp.earlier is not None:   # the episode's earlier samples are not trained either
+            e = exp.earlier
+            e.loss_mask = e.train_mask * keep[e.owner]
+            if e.rollout_logp is not None:
+                e.rollout_logp = e.rollout_logp * e.loss_mask
         n_trunc, n_all = global_sum([float(trunc.sum()), float(trunc.numel())])
         m["rollout/masked_truncated_frac"] = n_trunc / max(n_all, 1.0)
     return lengths, m

@@ -274,13 +274,16 @@ def use_shared_prompts(recipe, model) -> bool:
     train.max_tokens_per_micro_batch under ZeRO-3 on several ranks: ZeRO-3 gathers the weights
     around every forward call on all ranks together, and the ranks' micro-batches differ, so one
     rank's shared pass (two calls) would meet another's single call (a micro-batch of one
-    response token, or with no prompt repeated: a group split by the budget) and hang."""
+    response token, or with no prompt repeated: a group split by the budget) and hang. Nor, for
+    the same reason, with episodes whose prefix breaks make rows of their own (rollout.prefix_break:
+    rows): a group's rows then hold different prompts, and a rank may run a `batching.filler`."""
     if not recipe.train.share_prompts or recipe.algorithm.group_size < 2:
         return False
     if use_padding_free(recipe, model):
         return True                      # one call per micro-batch whatever it holds
     zero3 = getattr(model, "zero_optimization_stage", lambda: 0)() == 3
-    if recipe.train.max_tokens_per_micro_batch and zero3 and world_size() > 1:
+    uneven = recipe.train.max_tokens_per_micro_batch or (recipe.rollout.env and recipe.rollout.prefix_break == "rows")
+    if uneven and zero3 and world_size() > 1:
         return False
     return shared_prompt.shared_prompt_reason(model) is None
 
@@ -323,7 +326,7 @@ def make_actor_loss(actor, recipe, knobs: Knobs, correction: str = "none",
         behavior = mb.behavior_logp
         if behavior is None:
             behavior = logp.detach()
-            if behavior_sink is not None:
+            if behavior_sink is not None and not mb.filler:
                 behavior_sink[mb.index, :mask.shape[1]] = behavior * mask
         weights = None
         if correction != "none" and mb.rollout_logp is not None:
