@@ -52,3 +52,35 @@ def test_two_ranks_with_prefix_breaks_match_one_rank(tmp_path):
         for k in ("reward/mean", "kl", "actor/loss", "actor/grad_norm", "episode/samples_mean", "response/length_mean",
                   "rollout/logprob_diff_max"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-5), (a["step"], k, a[k], b[k])
+
+
+@pytest.mark.slow
+def test_generation_ahead_carries_the_rows_before_a_break_through_a_checkpoint(tmp_path):
+    """max_staleness 1: the batch of step 3, generated ahead, is saved at step 2 with its samples
+    before a break (inflight-rank0.pt, `earlier`); a resume from that checkpoint trains it and ends
+    with the uninterrupted run's figures."""
+    import json
+    import shutil
+
+    import torch
+
+    common = ["rollout.asynchronous.max_staleness=1", "trainer.max_steps=3", "trainer.save_every=2",
+              "rollout.batch_size=8", "train.batch_size=8", "algorithm.group_size=2", "train.micro_batch_size=4",
+              "--quiet"]
+    full = tmp_path / "full"
+    res = run_cli("train", RECIPE, f"trainer.output_dir={full}", *common, "--resume", "never", timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ckpt = full / "checkpoints" / "step-00000002"
+    saved = torch.load(ckpt / "inflight-rank0.pt", weights_only=True)
+    assert "earlier" in saved["3"] and saved["3"]["earlier"]["owner"].numel() > 0
+    assert json.loads((ckpt / "state.json").read_text())["async"]["inflight_steps"] == [3]
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(ckpt, resumed / "checkpoints" / ckpt.name)
+    res = run_cli("train", RECIPE, f"trainer.output_dir={resumed}", *common, "--resume", "auto", timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "generated again" not in res.stderr
+    want, got = read_metrics(full)[-1], read_metrics(resumed)[-1]
+    assert got["step"] == want["step"] == 3
+    for k in ("reward/mean", "kl", "actor/loss", "episode/samples_mean", "async/staleness_max"):
+        assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-7), (k, got[k], want[k])

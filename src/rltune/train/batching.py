@@ -20,6 +20,12 @@ share of the update, so order and grouping are irrelevant up to float rounding):
    a row longer than the budget goes alone. The ranks then run as many micro-batches each
    (`even_out`): ZeRO's collectives run in every forward and backward.
 
+Rows of episodes (`Experience.episode`: a prefix break makes several rows of one episode,
+docs/agents.md) follow the same rules with the episode as the unit of the shuffle and of the
+update (`episode_micro_batches`); since ranks may then hold different numbers of rows, every rank
+runs as many micro-batches in every pass and update, a `filler` (nothing trained, nothing
+written) where it has too few rows.
+
 A layout names how a micro-batch's tokens are counted: "padded", "packed" or "packed-shared".
 """
 
