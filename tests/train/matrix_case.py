@@ -75,11 +75,13 @@ def recipe_for(case: dict):
         # a random tiny model almost never samples EOS: digits as stop strings end about half the rows early,
         # so the mask drops some rows and keeps others
         rollout.update(mask_truncated=True, stop=list("0123456789"))
+    # overlong buffer 2: the penalty starts past 4 tokens, so the episode cases' turns (2-6 tokens, EOS
+    # included) hold both punished turns and episodes of short turns longer than NEW_TOKENS in all
     return Recipe.model_validate({
         "model": model,
         "data": {"train": "builtin:arithmetic", "apply_chat_template": False},
         "reward": {"functions": ["builtin:format"],
-                   **({"overlong": {"buffer": 3, "penalty": 1.0}} if case["overlong"] else {})},
+                   **({"overlong": {"buffer": 2, "penalty": 1.0}} if case["overlong"] else {})},
         "algorithm": algorithm,
         # eps 1e-2: Adam stays linear in the gradient, so float-rounding differences stay float-sized
         # LoRA: the adapter moves the policy less per step; 10x the lr (the playbook's LoRA factor) so that

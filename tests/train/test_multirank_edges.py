@@ -138,6 +138,53 @@ def test_shutdown_waits_for_every_rank_then_destroys_the_group(tmp_path):
     assert (init0, init1) == ("False", "False")
 
 
+class _Zero3Stub:
+    """What `shared_prompt.pays_off` reads of a DeepSpeed engine: its ZeRO stage and the full
+    parameter count of its module (100M: 18 repeated prompt tokens pay off, 0 do not)."""
+
+    def __init__(self, stage):
+        self.module = type("M", (), {"_rltune_param_count": 100_000_000})()
+        self.zero_optimization_stage = lambda: stage
+
+
+def _prompt_rows(rank):
+    """Rank 0: one prompt of 6 tokens 4 times (saves 3 x 6 tokens); rank 1: 4 distinct prompts."""
+    import torch
+
+    from rltune.rollout.experience import Experience
+
+    ids = torch.tensor([[0, 5, 6, 7, 8, 9, 10]] * 4) if rank == 0 else torch.arange(28).view(4, 7) + 1
+    mask = (ids > 0).long()
+    resp = torch.ones(4, 2, dtype=torch.long)
+    return Experience(prompt_ids=ids, prompt_mask=mask, response_ids=resp, response_mask=resp.float())
+
+
+def _pays_off_worker(rank, world, port, out_dir):
+    import torch.distributed as dist
+
+    from rltune.train.shared_prompt import pays_off
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        mb = _prompt_rows(rank)
+        (out_dir / f"rank{rank}").write_text(f"{pays_off(_Zero3Stub(3), mb)} {pays_off(_Zero3Stub(2), mb)}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_shared_prompt_decision_is_the_same_on_every_zero3_rank(tmp_path):
+    """ZeRO-3 gathers weights around every forward call on all ranks together: the rank whose
+    micro-batch repeats no prompt takes the shared pass when another rank's pays off (two calls
+    each), instead of one plain call against two (a hang). Below ZeRO-3 each rank decides alone."""
+    import torch.multiprocessing as mp
+
+    from rltune.train.shared_prompt import pays_off
+
+    assert [pays_off(_Zero3Stub(3), _prompt_rows(r)) for r in (0, 1)] == [True, False]   # one rank: alone
+    mp.spawn(_pays_off_worker, args=(2, free_port(), tmp_path), nprocs=2, join=True)
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["True True", "True False"]
+
+
 # ---- model.attn_implementation: auto on cuda:N
 
 @pytest.mark.parametrize("device,want", [("cuda:0", "flash_attention_2"), ("cuda:3", "flash_attention_2"),

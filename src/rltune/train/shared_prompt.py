@@ -45,8 +45,10 @@ import torch
 from transformers import DynamicCache
 
 from ..algo.logits import token_logprobs_entropy
+from ..engine.weights import is_zero3
 from ..models.checkpointing import checkpointing_mode
 from ..rollout.experience import Experience
+from .collective import global_max, world_size
 
 # decoder-only, full causal attention, DynamicCache: checked against the unshared passes
 VERIFIED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # llama includes SmolLM/SmolLM2
@@ -122,9 +124,17 @@ def saves_enough(model, saved_tokens: float) -> bool:
 
 
 def pays_off(model, mb: Experience) -> bool:
-    """`saves_enough` for a micro-batch: its repeated prompt rows, at their mean length."""
+    """`saves_enough` for a micro-batch: its repeated prompt rows, at their mean length.
+
+    Under ZeRO-3 on several ranks the answer is the ranks' together (shared if any rank's pays
+    off): ZeRO-3 gathers the weights around every forward call on all ranks at once, so a rank
+    taking the shared pass (two calls) beside one taking the plain pass (one call) would hang.
+    Both passes are exact, so the rank that gains nothing only runs the other way round."""
     distinct = torch.unique(mb.prompt_ids.cpu(), dim=0).shape[0]            # on the CPU: distinct_prompts says why
-    return saves_enough(model, (mb.size - distinct) * float(mb.prompt_mask.cpu().sum()) / max(mb.size, 1))
+    mine = saves_enough(model, (mb.size - distinct) * float(mb.prompt_mask.cpu().sum()) / max(mb.size, 1))
+    if is_zero3(model) and world_size() > 1:
+        return global_max([float(mine)])[0] > 0
+    return mine
 
 
 def distinct_prompts(mb: Experience) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
